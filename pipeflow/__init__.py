@@ -1,0 +1,65 @@
+"""pipeflow: data loading for PyTorch, built from plain generator stages.
+
+Stages are generator functions bound to their configuration and chained with ``|``::
+
+    import pipeflow as pf
+
+    loader = pf.indices(len(ds)) | pf.shuffle(seed=0) | pf.batch(32) | pf.fetch(ds) | pf.collate()
+
+``import pipeflow`` does not import torch: the stages that need it import it when they run, and
+``pipeflow.DataLoader`` (a ``torch.utils.data.DataLoader`` subclass) is resolved on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeflow._stage import Stage, stage
+from pipeflow.batch import batch, unbatch
+from pipeflow.collate import collate, default_collate, default_convert
+from pipeflow.errors import PipeflowError
+from pipeflow.fetch import fetch
+from pipeflow.loader import Loader
+from pipeflow.shuffle import shuffle
+from pipeflow.sources import from_iterable, from_sampler, indices
+from pipeflow.transforms import filter, map  # noqa: A004 - deliberate, as pf.map / pf.filter
+
+if TYPE_CHECKING:
+    from pipeflow.dataloader import DataLoader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataLoader",
+    "Loader",
+    "PipeflowError",
+    "Stage",
+    "batch",
+    "collate",
+    "default_collate",
+    "default_convert",
+    "fetch",
+    "filter",
+    "from_iterable",
+    "from_sampler",
+    "indices",
+    "map",
+    "shuffle",
+    "stage",
+    "unbatch",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # DataLoader subclasses torch's, so defining it imports torch: do that on first use only.
+    if name == "DataLoader":
+        from pipeflow.dataloader import DataLoader
+
+        globals()["DataLoader"] = DataLoader
+        return DataLoader
+    msg = f"module 'pipeflow' has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

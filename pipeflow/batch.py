@@ -1,0 +1,75 @@
+"""Batching: group items into lists, and flatten them back."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from toolz import partition, partition_all
+
+from pipeflow._stage import Stage
+
+__all__ = ["batch", "unbatch"]
+
+T = TypeVar("T")
+
+
+def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
+    """Group items into lists of *size* items.
+
+    Args:
+        size: items per batch.
+        drop_last: drop a last batch shorter than *size* instead of yielding it.
+
+    Raises:
+        ValueError: if *size* < 1 — when the stage is built, not on the first ``next()``.
+        TypeError: if *size* is not an integer or *drop_last* not a bool.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> list(pf.indices(5) | pf.batch(2))
+        [[0, 1], [2, 3], [4]]
+        >>> list(pf.indices(5) | pf.batch(2, drop_last=True))
+        [[0, 1], [2, 3]]
+        >>> pf.batch(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch: size must be at least 1 (got 0)
+    """
+    if isinstance(size, bool) or not isinstance(size, int):
+        msg = f"batch: size must be an integer (got {size!r})"
+        raise TypeError(msg)
+    if size < 1:
+        msg = f"batch: size must be at least 1 (got {size})"
+        raise ValueError(msg)
+    if not isinstance(drop_last, bool):
+        msg = f"batch: drop_last must be a bool (got {drop_last!r})"
+        raise TypeError(msg)
+    return Stage(_batch, "batch", {"size": size, "drop_last": drop_last}, length=_batch_length)
+
+
+def _batch(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
+    # toolz's partition / partition_all run in C (zip over one iterator); list() matches the
+    # lists that torch's BatchSampler yields.
+    groups = partition(size, items) if drop_last else partition_all(size, items)
+    return map(list, groups)
+
+
+def _batch_length(n: int, size: int, drop_last: bool) -> int:
+    return n // size if drop_last else -(-n // size)
+
+
+def unbatch() -> Stage[Iterable[T], T]:
+    """Flatten batches back into items: ``batch(n) | unbatch()`` is the identity.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> list(pf.from_iterable([[1, 2], [3]]) | pf.unbatch())
+        [1, 2, 3]
+    """
+    return Stage(_unbatch, "unbatch")
+
+
+def _unbatch(batches: Iterable[Iterable[T]]) -> Iterator[T]:
+    return itertools.chain.from_iterable(batches)

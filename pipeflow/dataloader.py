@@ -1,0 +1,190 @@
+"""``pipeflow.DataLoader``: torch's ``DataLoader``, running on pipeflow stages.
+
+The class *is* a ``torch.utils.data.DataLoader`` (a subclass): the constructor, its validation,
+the public attributes and which of them are frozen are torch's own, so frameworks that read a
+loader's attributes and rebuild it (Lightning, Accelerate) keep working. Only iteration differs:
+it runs the pipeline that :meth:`DataLoader.pipeline` builds from pipeflow's public stages.
+
+This module imports torch; ``import pipeflow`` loads it on first access to
+``pipeflow.DataLoader``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.dataloader import _DatasetKind
+
+from pipeflow.batch import batch
+from pipeflow.collate import collate, default_collate, default_convert
+from pipeflow.fetch import fetch
+from pipeflow.loader import Loader
+from pipeflow.sources import from_iterable, from_sampler
+from pipeflow.transforms import map as map_stage
+
+__all__ = ["DataLoader"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+# torch's collate functions are swapped for ours, which give the same batches faster.
+_FASTER: dict[Callable[..., Any], Callable[..., Any]] = {
+    tud.default_collate: default_collate,
+    tud.default_convert: default_convert,
+}
+
+
+class DataLoader(tud.DataLoader[T_co]):
+    """A drop-in ``torch.utils.data.DataLoader`` whose iteration runs on pipeflow stages.
+
+    Same signature, same validation, same attributes and the same batches as torch's (with the
+    same seeded ``generator``) — see torch's documentation for every argument. What changes is
+    what runs underneath: the pipeline :meth:`pipeline` returns.
+
+    Examples:
+        >>> import torch, pipeflow as pf
+        >>> ds = torch.arange(10.0)
+        >>> dl = pf.DataLoader(ds, batch_size=4, shuffle=True,
+        ...                    generator=torch.Generator().manual_seed(0))
+        >>> ref = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True,
+        ...                                   generator=torch.Generator().manual_seed(0))
+        >>> all(torch.equal(a, b) for a, b in zip(dl, ref))
+        True
+        >>> isinstance(dl, torch.utils.data.DataLoader), len(dl)
+        (True, 3)
+    """
+
+    def __init__(
+        self,
+        dataset: tud.Dataset[T_co],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: tud.Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: tud.Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+    ) -> None:
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        if num_workers > 0:
+            msg = (
+                f"pipeflow.DataLoader: num_workers={num_workers} is not supported yet (worker "
+                "processes come with pipeflow's parallel stages); use num_workers=0, or "
+                "torch.utils.data.DataLoader for now"
+            )
+            raise NotImplementedError(msg)
+        self._pf_key: tuple[Any, ...] | None = None
+        self._pf_loader: Loader[Any] | None = None
+
+    # -- the pipeline ----------------------------------------------------------------------
+    def pipeline(self) -> Loader[Any]:
+        """The pipeflow loader this DataLoader runs, built from its current attributes.
+
+        It is about twenty lines of public stages: a source (the batch sampler, the sampler,
+        or the iterable dataset), ``fetch``, ``batch`` for iterable datasets, and ``collate``.
+        """
+        key = (self.collate_fn, self.pin_memory, self.num_workers)
+        if self._pf_loader is not None and key == self._pf_key:
+            return self._pf_loader
+        collate_fn = _FASTER.get(self.collate_fn, self.collate_fn)
+        loader: Loader[Any]
+        if self._dataset_kind == _DatasetKind.Iterable:
+            loader = from_iterable(self.dataset)
+            if self.batch_size is not None:
+                loader = loader | batch(self.batch_size, drop_last=self.drop_last)
+        elif self.batch_sampler is not None:
+            # torch never calls set_epoch on samplers itself; the user does.
+            loader = from_sampler(self.batch_sampler, set_epoch=False) | fetch(
+                self.dataset, batched=True
+            )
+        else:
+            loader = from_sampler(self.sampler, set_epoch=False) | fetch(
+                self.dataset, batched=False
+            )
+        loader = loader | collate(collate_fn)
+        if self.pin_memory and torch.accelerator.is_available():
+            loader = loader | map_stage(_pin)
+        if self._pf_loader is not None:  # keep the epoch count across a rebuild
+            loader.set_epoch(self._pf_loader.epoch)
+        self._pf_key, self._pf_loader = key, loader
+        return loader
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self.timeout != 0 and self.num_workers == 0:
+            # torch's single-process iterator asserts the same.
+            msg = f"timeout is only supported with num_workers > 0 (got timeout={self.timeout})"
+            raise AssertionError(msg)
+        self._warn_pin_memory()
+        it = iter(self.pipeline())
+        # torch draws the workers' base seed from `generator` when an iterator starts; draw it
+        # too, so the generator's stream (and so every later shuffle) stays identical.
+        self._base_seed = int(
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        )
+        if (
+            self._dataset_kind == _DatasetKind.Iterable
+            and self._IterableDataset_len_called is not None
+        ):
+            return self._count_against_len(it, self._IterableDataset_len_called)
+        return it
+
+    def _warn_pin_memory(self) -> None:
+        if self.pin_memory and self.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the "
+                f"device, ignore pin_memory_device='{self.pin_memory_device}'.",
+                stacklevel=3,
+            )
+        if self.pin_memory and not torch.accelerator.is_available():
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, then device "
+                "pinned memory won't be used.",
+                stacklevel=3,
+            )
+
+    def _count_against_len(self, it: Iterator[Any], length: int) -> Iterator[Any]:
+        for n, item in enumerate(it, 1):
+            if n > length:
+                warnings.warn(
+                    f"Length of IterableDataset {self.dataset} was reported to be {length}"
+                    f"(when accessing len(dataloader)), but {n} samples have been fetched. ",
+                    stacklevel=2,
+                )
+            yield item
+
+
+def _pin(data: Any) -> Any:
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(data)

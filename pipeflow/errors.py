@@ -1,0 +1,92 @@
+"""Errors and the notes pipeflow adds to exceptions raised by user code.
+
+pipeflow never swaps the type of an exception raised by your code: it adds a PEP 678 note that
+names the stage, the item or sample indices, and the epoch, and lets it propagate.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["PipeflowError", "annotate", "describe_indices"]
+
+_PREFIX = "pipeflow: stage "
+
+
+class PipeflowError(RuntimeError):
+    """Base class of the errors pipeflow raises itself (not re-raised user errors)."""
+
+
+def describe_indices(indices: Sequence[Any], limit: int = 16) -> str:
+    """A short text for a list of sample indices.
+
+    Examples:
+        >>> describe_indices([3, 4, 5])
+        '[3, 4, 5]'
+        >>> describe_indices(list(range(40)), limit=4)
+        '[0, 1, 2, 3, ... (40 in all)]'
+    """
+    if len(indices) <= limit:
+        return repr(list(indices))
+    head = ", ".join(repr(i) for i in indices[:limit])
+    return f"[{head}, ... ({len(indices)} in all)]"
+
+
+def is_annotated(exc: BaseException) -> bool:
+    """Whether a pipeflow stage already named itself in *exc*'s notes."""
+    return any(n.startswith(_PREFIX) for n in getattr(exc, "__notes__", ()))
+
+
+def annotate(
+    exc: BaseException,
+    stage: str,
+    epoch: int,
+    *,
+    item: int | None = None,
+    index: Any = None,
+    batch: Sequence[Any] | None = None,
+    extra: str = "",
+) -> None:
+    """Add ``pipeflow: stage '<stage>' failed on ...`` to *exc*, once (the innermost stage wins).
+
+    Examples:
+        >>> e = KeyError("x")
+        >>> annotate(e, "fetch", 0, index=7, batch=[6, 7])
+        >>> e.__notes__
+        ["pipeflow: stage 'fetch' failed on sample index 7 (batch [6, 7], epoch 0)"]
+        >>> annotate(e, "collate", 0, item=3)  # already named: left alone
+        >>> len(e.__notes__)
+        1
+    """
+    if is_annotated(exc):
+        return
+    where: list[str] = []
+    if index is not None:
+        what = f"sample index {index!r}"
+        if batch is not None:
+            where.append(f"batch {describe_indices(batch)}")
+    elif batch is not None:
+        what = f"the batch of sample indices {describe_indices(batch)}"
+    elif item is not None:
+        what = f"item {item}"
+    else:
+        what = "start-up"
+    where.append(f"epoch {epoch}")
+    note = f"{_PREFIX}{stage!r} failed on {what} ({', '.join(where)})"
+    if extra:
+        note = f"{note}: {extra}"
+    _add_note(exc, note)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = list(getattr(exc, "__notes__", []))
+        notes.append(note)
+        try:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        except AttributeError:
+            pass

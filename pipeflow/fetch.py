@@ -1,0 +1,91 @@
+"""Fetching: indices in, samples out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pipeflow._stage import Stage
+from pipeflow.errors import annotate
+
+__all__ = ["fetch"]
+
+
+def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
+    """Look indices up in a map-style dataset: ``dataset[i]``.
+
+    A batch of indices (a ``list``, as :func:`~pipeflow.batch` yields) becomes a list of
+    samples, through one ``dataset.__getitems__(batch)`` call when the dataset has it (as torch
+    does), else ``[dataset[i] for i in batch]``. Any other item is one key.
+
+    Args:
+        dataset: anything with ``__getitem__``.
+        batched: ``None`` (the default) decides per item as above; ``False`` always passes the
+            item as one key (so a list can be a key, as with torch's ``batch_size=None``);
+            ``True`` requires batches.
+
+    Raises:
+        TypeError: if *dataset* has no ``__getitem__``.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> words = ["zero", "one", "two", "three"]
+        >>> list(pf.indices(4) | pf.batch(3) | pf.fetch(words))
+        [['zero', 'one', 'two'], ['three']]
+        >>> list(pf.from_iterable([2, 0]) | pf.fetch(words))
+        ['two', 'zero']
+    """
+    if not hasattr(dataset, "__getitem__"):
+        msg = f"fetch: dataset must support dataset[index] (got {type(dataset).__name__})"
+        raise TypeError(msg)
+    if batched is not None and not isinstance(batched, bool):
+        msg = f"fetch: batched must be None or a bool (got {batched!r})"
+        raise TypeError(msg)
+    return Stage(_fetch, "fetch", {"dataset": dataset, "batched": batched}, length="same")
+
+
+def _fetch(
+    keys: Iterable[Any], dataset: Any, batched: bool | None, *, epoch: int
+) -> Iterator[Any]:
+    getitem = dataset.__getitem__
+    getitems = getattr(dataset, "__getitems__", None) or None
+    index: Any = None
+    key: Any = None
+    try:
+        if batched is False:
+            for key in keys:
+                index = key
+                yield getitem(key)
+            return
+        for key in keys:
+            if type(key) is list or (batched and isinstance(key, (list, tuple, range))):
+                if getitems is not None:
+                    index = None
+                    yield getitems(key)
+                    continue
+                out = []
+                append = out.append
+                for index in key:
+                    append(getitem(index))
+                yield out
+            elif batched:
+                msg = f"fetch: batched=True expects lists of indices (got {type(key).__name__})"
+                raise TypeError(msg)
+            else:
+                index = key
+                yield getitem(key)
+    except Exception as e:
+        batch = key if type(key) is list else None
+        hint = _length_hint(dataset, index) if isinstance(e, IndexError) else ""
+        annotate(e, "fetch", epoch, index=index, batch=batch, extra=hint)
+        raise
+
+
+def _length_hint(dataset: Any, index: Any) -> str:
+    try:
+        n = len(dataset)
+    except Exception:
+        return ""
+    if isinstance(index, int) and not -n <= index < n:
+        return f"the dataset says its length is {n}, so index {index} is out of range"
+    return f"the dataset says its length is {n}"

@@ -1,0 +1,202 @@
+"""The loader object: a source and its stages, re-iterable epoch after epoch."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+from pipeflow._stage import Stage
+from pipeflow.errors import annotate
+
+__all__ = ["Context", "Loader", "Source"]
+
+T = TypeVar("T")
+Out = TypeVar("Out", covariant=True)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a pass of the loader tells its stages: today, the epoch."""
+
+    epoch: int
+
+
+class Source(Generic[Out]):
+    """Where items enter a pipeline. Subclasses implement :meth:`iterate` and :meth:`length`."""
+
+    name: str = "source"
+
+    def iterate(self, context: Context) -> Iterator[Out]:
+        """Return a fresh iterator over this epoch's items."""
+        raise NotImplementedError
+
+    def length(self) -> int | None:
+        """The number of items per epoch, or ``None`` when it can't be known up front."""
+        return None
+
+    def describe(self) -> str:
+        """The source's repr inside a loader's repr."""
+        return f"{self.name}()"
+
+
+class Loader(Generic[Out]):
+    """A source followed by stages: re-iterable, epoch-aware, sized when it can be.
+
+    Every ``iter()`` rebuilds the chain of generators and starts the next epoch, so two plain
+    passes over a shuffled loader see two different orders (as with torch's ``DataLoader``);
+    :meth:`set_epoch` chooses the epoch of the next pass. Build one with a source and ``|``.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> loader = pf.indices(5) | pf.batch(2)
+        >>> loader
+        indices(5) | batch(size=2, drop_last=False)
+        >>> len(loader)
+        3
+        >>> list(loader)
+        [[0, 1], [2, 3], [4]]
+        >>> shuffled = pf.indices(5) | pf.shuffle(seed=0)
+        >>> list(shuffled) != list(shuffled)  # a new permutation each epoch
+        True
+        >>> shuffled.set_epoch(0)
+        >>> list(shuffled) == list(shuffled.__class__(shuffled.source, shuffled.stages))
+        True
+    """
+
+    __slots__ = ("__weakref__", "_active", "_epoch", "_next_epoch", "_source", "_stages")
+
+    def __init__(self, source: Source[Any], stages: tuple[Stage[Any, Any], ...] = ()) -> None:
+        if not isinstance(source, Source):
+            msg = f"a loader starts with a pipeflow source (got {type(source).__name__})"
+            raise TypeError(msg)
+        self._source = source
+        self._stages = tuple(s for st in stages for s in st.stages)
+        self._next_epoch = 0
+        self._epoch: int | None = None
+        self._active: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
+
+    # -- structure --------------------------------------------------------------------------
+    @property
+    def source(self) -> Source[Any]:
+        """The source the items come from."""
+        return self._source
+
+    @property
+    def stages(self) -> tuple[Stage[Any, Any], ...]:
+        """The flat tuple of stages after the source, in order."""
+        return self._stages
+
+    @overload
+    def __or__(self, other: Stage[Out, T]) -> Loader[T]: ...
+    @overload
+    def __or__(self, other: object) -> Any: ...
+    def __or__(self, other: object) -> Any:
+        if isinstance(other, Stage):
+            return Loader(self._source, (*self._stages, *other.stages))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return " | ".join([self._source.describe(), *(repr(s) for s in self._stages)])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Loader, (self._source, self._stages))
+
+    # -- epochs -----------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass in progress (or the last one started; before any, the next)."""
+        return self._next_epoch if self._epoch is None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch *epoch*.
+
+        Raises:
+            ValueError: if *epoch* is negative.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            msg = f"epoch must be an integer of at least 0 (got {epoch!r})"
+            raise ValueError(msg)
+        self._next_epoch = epoch
+
+    def __len__(self) -> int:
+        n = self._source.length()
+        if n is None:
+            msg = f"this loader has no length: its source {self._source.describe()} has none"
+            raise TypeError(msg)
+        for s in self._stages:
+            out = s.length(n)
+            if out is None:
+                msg = (
+                    f"this loader has no length: stage {s.name!r} changes the number of items "
+                    "by an amount that is only known by running it"
+                )
+                raise TypeError(msg)
+            n = out
+        return n
+
+    def __iter__(self) -> Iterator[Out]:
+        epoch = self._next_epoch
+        self._next_epoch = epoch + 1
+        self._epoch = epoch
+        it = _run(self._source, self._stages, Context(epoch=epoch))
+        self._active.add(it)
+        return it
+
+    # -- resources --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every pass in progress and release what the stages hold."""
+        for it in list(self._active):
+            it.close()  # type: ignore[attr-defined]
+        self._active.clear()
+        for s in self._stages:
+            s.close()
+
+    def __enter__(self) -> Loader[Out]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _run(
+    source: Source[Any], stages: tuple[Stage[Any, Any], ...], context: Context
+) -> Iterator[Any]:
+    """One epoch: build the chain of iterators now (as torch does at ``iter()``), drive it later."""
+    chain: list[Iterator[Any]] = []
+    name = source.name
+    try:
+        chain.append(_watch(source.iterate(context), name, context))
+        for s in stages:
+            name = s.name
+            chain.append(_watch(s.apply(chain[-1], context), name, context))
+    except Exception as e:
+        annotate(e, name, context.epoch)
+        _close_all(chain)
+        raise
+    return _drive(chain)
+
+
+def _drive(chain: list[Iterator[Any]]) -> Iterator[Any]:
+    try:
+        yield from chain[-1]
+    finally:
+        _close_all(chain)
+
+
+def _close_all(chain: list[Iterator[Any]]) -> None:
+    for link in reversed(chain):
+        link.close()  # type: ignore[attr-defined]
+
+
+def _watch(it: Iterator[Any], name: str, context: Context) -> Iterator[Any]:
+    """Pass items through, naming this stage in any exception that starts inside it."""
+    n = 0
+    try:
+        for item in it:
+            n += 1
+            yield item
+    except Exception as e:
+        annotate(e, name, context.epoch, item=n)
+        raise

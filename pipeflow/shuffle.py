@@ -1,0 +1,76 @@
+"""Shuffling: a full permutation per epoch, or a bounded buffer for streams."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from pipeflow._random import check_seed, fresh_seed, numpy_rng, seed_words
+from pipeflow._stage import Stage
+
+__all__ = ["shuffle"]
+
+T = TypeVar("T")
+
+
+def shuffle(*, seed: int | None = None, buffer_size: int | None = None) -> Stage[T, T]:
+    """Shuffle the items of every epoch, reproducibly from ``(seed, epoch)``.
+
+    Without *buffer_size* the stage reads the whole (finite) epoch and yields a uniform random
+    permutation of it: put it right after an index source, where items are small integers.
+    With *buffer_size* it keeps at most that many items and yields a random one of them for
+    every item read — the bounded-memory shuffle for streams; its randomness is local.
+
+    Args:
+        seed: the seed; ``None`` draws one when the stage is built and keeps it (it is in the
+            repr), so a run can always be reproduced.
+        buffer_size: bound on the items held, or ``None`` for a full permutation.
+
+    Raises:
+        TypeError: if *seed* or *buffer_size* is not an integer.
+        ValueError: if *seed* is negative or *buffer_size* < 1.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> loader = pf.indices(6) | pf.shuffle(seed=7)
+        >>> first, second = list(loader), list(loader)
+        >>> sorted(first) == sorted(second) == [0, 1, 2, 3, 4, 5], first != second
+        (True, True)
+        >>> loader.set_epoch(0)
+        >>> list(loader) == first
+        True
+    """
+    seed = fresh_seed() if seed is None else check_seed("shuffle", seed)
+    if buffer_size is None:
+        return Stage(_permute, "shuffle", {"seed": seed}, length="same")
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int):
+        msg = f"shuffle: buffer_size must be an integer or None (got {buffer_size!r})"
+        raise TypeError(msg)
+    if buffer_size < 1:
+        msg = f"shuffle: buffer_size must be at least 1 (got {buffer_size})"
+        raise ValueError(msg)
+    return Stage(
+        _buffer_shuffle, "shuffle", {"seed": seed, "buffer_size": buffer_size}, length="same"
+    )
+
+
+def _permute(items: Iterable[T], seed: int, *, epoch: int) -> Iterator[T]:
+    pool = list(items)
+    order = numpy_rng(seed, epoch).permutation(len(pool)).tolist()
+    return map(pool.__getitem__, order)
+
+
+def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:
+    rng = random.Random(sum(w << (32 * i) for i, w in enumerate(seed_words(seed, epoch))))
+    buf: list[T] = []
+    randrange = rng.randrange
+    for item in items:
+        if len(buf) < buffer_size:
+            buf.append(item)
+            continue
+        j = randrange(buffer_size)
+        out, buf[j] = buf[j], item
+        yield out
+    rng.shuffle(buf)
+    yield from buf

@@ -1,0 +1,183 @@
+"""Sources: where a pipeline's items come from.
+
+Each factory returns a :class:`~pipeflow.loader.Loader` with no stages yet, so a source is
+already iterable, and ``source | stage`` extends it.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, TypeVar
+
+from pipeflow.loader import Context, Loader, Source
+
+__all__ = ["from_iterable", "from_sampler", "indices"]
+
+T = TypeVar("T")
+
+
+class _Indices(Source[int]):
+    name = "indices"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def iterate(self, context: Context) -> Iterator[int]:
+        return iter(range(self.n))
+
+    def length(self) -> int:
+        return self.n
+
+    def describe(self) -> str:
+        return f"indices({self.n})"
+
+
+def indices(n_or_sized: int | Sized) -> Loader[int]:
+    """The indices ``0, 1, ..., n - 1`` of a map-style dataset, once per epoch.
+
+    Args:
+        n_or_sized: the number of indices, or an object with ``__len__`` (a dataset).
+
+    Raises:
+        ValueError: if the number is negative.
+        TypeError: if it is neither an integer nor sized.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> list(pf.indices(4))
+        [0, 1, 2, 3]
+        >>> list(pf.indices(["a", "b"]))
+        [0, 1]
+        >>> pf.indices(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: indices: n must be at least 0 (got -1)
+    """
+    if isinstance(n_or_sized, bool):
+        msg = f"indices: n must be an integer or a sized dataset (got {n_or_sized!r})"
+        raise TypeError(msg)
+    if isinstance(n_or_sized, int):
+        n = n_or_sized
+    elif isinstance(n_or_sized, Sized):
+        n = len(n_or_sized)
+    elif hasattr(n_or_sized, "__index__"):
+        n = int(n_or_sized.__index__())
+    else:
+        msg = (
+            "indices: n must be an integer or a sized dataset "
+            f"(got {type(n_or_sized).__name__}); use from_iterable() for a stream"
+        )
+        raise TypeError(msg)
+    if n < 0:
+        msg = f"indices: n must be at least 0 (got {n})"
+        raise ValueError(msg)
+    return Loader(_Indices(n))
+
+
+class _FromSampler(Source[Any]):
+    name = "from_sampler"
+
+    def __init__(self, sampler: Iterable[Any], set_epoch: bool) -> None:
+        self.sampler = sampler
+        self.set_epoch = set_epoch
+
+    def iterate(self, context: Context) -> Iterator[Any]:
+        if self.set_epoch:
+            hook = getattr(self.sampler, "set_epoch", None)
+            if callable(hook):
+                hook(context.epoch)
+        return iter(self.sampler)
+
+    def length(self) -> int | None:
+        return len(self.sampler) if isinstance(self.sampler, Sized) else None
+
+    def describe(self) -> str:
+        return f"from_sampler({reprlib.repr(self.sampler)})"
+
+
+def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
+    """Indices (or batches of indices) from a re-iterable sampler, torch's samplers included.
+
+    Args:
+        sampler: anything iterable more than once: a ``torch.utils.data.Sampler``, a
+            ``BatchSampler``, a list.
+        set_epoch: call ``sampler.set_epoch(epoch)`` before each pass when the sampler has
+            it (``DistributedSampler`` does), so its shuffle follows the loader's epoch.
+
+    Raises:
+        TypeError: if *sampler* is not iterable, or is a one-shot iterator.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> list(pf.from_sampler([3, 1, 2]))
+        [3, 1, 2]
+    """
+    if not isinstance(sampler, Iterable):
+        msg = f"from_sampler: sampler must be iterable (got {type(sampler).__name__})"
+        raise TypeError(msg)
+    if isinstance(sampler, Iterator):
+        msg = (
+            "from_sampler: sampler must be re-iterable, but got a one-shot iterator "
+            f"({type(sampler).__name__}); pass the sampler itself, not iter(sampler)"
+        )
+        raise TypeError(msg)
+    if not isinstance(set_epoch, bool):
+        msg = f"from_sampler: set_epoch must be a bool (got {set_epoch!r})"
+        raise TypeError(msg)
+    return Loader(_FromSampler(sampler, set_epoch))
+
+
+class _FromIterable(Source[Any]):
+    name = "from_iterable"
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self.iterable = iterable
+        self.one_shot = isinstance(iterable, Iterator)
+        self.used_by: int | None = None
+
+    def iterate(self, context: Context) -> Iterator[Any]:
+        if self.one_shot:
+            if self.used_by is not None:
+                msg = (
+                    f"from_iterable: the source is a one-shot iterator "
+                    f"({type(self.iterable).__name__}) already consumed by epoch "
+                    f"{self.used_by}, so epoch {context.epoch} would be silently empty; pass a "
+                    "re-iterable (a list, a dataset, an object whose __iter__ starts afresh)"
+                )
+                raise RuntimeError(msg)
+            self.used_by = context.epoch
+        return iter(self.iterable)
+
+    def length(self) -> int | None:
+        if isinstance(self.iterable, Sized):
+            return len(self.iterable)
+        return None
+
+    def describe(self) -> str:
+        return f"from_iterable({reprlib.repr(self.iterable)})"
+
+
+def from_iterable(iterable: Iterable[T]) -> Loader[T]:
+    """Items from any iterable; each epoch iterates it afresh.
+
+    A one-shot iterator (a generator, ``iter(list)``) serves one epoch; a second pass raises
+    ``RuntimeError`` instead of silently yielding nothing.
+
+    Raises:
+        TypeError: if *iterable* is not iterable.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> loader = pf.from_iterable(x * x for x in range(3))
+        >>> list(loader)
+        [0, 1, 4]
+        >>> list(loader)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: from_iterable: the source is a one-shot iterator (generator) already consumed by epoch 0, so epoch 1 would be silently empty; pass a re-iterable (a list, a dataset, an object whose __iter__ starts afresh)
+    """
+    if not isinstance(iterable, Iterable) and not hasattr(iterable, "__getitem__"):
+        msg = f"from_iterable: expected an iterable (got {type(iterable).__name__})"
+        raise TypeError(msg)
+    return Loader(_FromIterable(iterable))
