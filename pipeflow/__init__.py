@@ -7,7 +7,9 @@ Stages are generator functions bound to their configuration and chained with ``|
     loader = pf.indices(len(ds)) | pf.shuffle(seed=0) | pf.batch(32) | pf.fetch(ds) | pf.collate()
 
 ``import pipeflow`` does not import torch: the stages that need it import it when they run, and
-``pipeflow.DataLoader`` (a ``torch.utils.data.DataLoader`` subclass) is resolved on first access.
+``pipeflow.DataLoader`` (a ``torch.utils.data.DataLoader`` subclass) is resolved on first
+access. Worker processes started with spawn or forkserver so pay for torch only when the user's
+code needs it.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 from pipeflow._stage import Stage, stage
 from pipeflow.batch import batch, unbatch
 from pipeflow.collate import collate, default_collate, default_convert
-from pipeflow.errors import PipeflowError
+from pipeflow.errors import PipeflowError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
+from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
-from pipeflow.transforms import filter, map  # noqa: A004 - deliberate, as pf.map / pf.filter
+from pipeflow.transforms import filter, map  # noqa: A004 - deliberate: pf.map, pf.filter
+from pipeflow.worker_info import WorkerInfo, get_worker_info
 
 if TYPE_CHECKING:
     from pipeflow.dataloader import DataLoader
@@ -34,6 +38,10 @@ __all__ = [
     "Loader",
     "PipeflowError",
     "Stage",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerInfo",
+    "WorkerTimeoutError",
     "batch",
     "collate",
     "default_collate",
@@ -42,8 +50,11 @@ __all__ = [
     "filter",
     "from_iterable",
     "from_sampler",
+    "get_worker_info",
     "indices",
     "map",
+    "parallel_map",
+    "parallel_source",
     "shuffle",
     "stage",
     "unbatch",

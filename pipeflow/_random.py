@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 __all__ = ["check_seed", "fresh_seed", "numpy_rng", "seed_words"]
 
@@ -18,13 +21,14 @@ def fresh_seed() -> int:
 
 def check_seed(stage: str, seed: object) -> int:
     """Validate a user seed: a non-negative integer below 2**64."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if isinstance(seed, bool) or not hasattr(seed, "__index__"):
         msg = f"{stage}: seed must be an integer or None (got {seed!r})"
         raise TypeError(msg)
-    if not 0 <= int(seed) <= _MAX_SEED:
+    seed = seed.__index__()  # type: ignore[attr-defined]
+    if not 0 <= seed <= _MAX_SEED:
         msg = f"{stage}: seed must be between 0 and 2**64 - 1 (got {seed!r})"
         raise ValueError(msg)
-    return int(seed)
+    return seed
 
 
 def seed_words(seed: int, *keys: int) -> list[int]:
@@ -41,4 +45,6 @@ def numpy_rng(seed: int, *keys: int) -> np.random.Generator:
         >>> bool((a == b).all()), bool((a == numpy_rng(42, 1).integers(1000, size=3)).all())
         (True, False)
     """
+    import numpy as np
+
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed_words(seed, *keys))))

@@ -11,6 +11,7 @@ This module imports torch; ``import pipeflow`` loads it on first access to
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
+from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.sources import from_iterable, from_sampler
 from pipeflow.transforms import map as map_stage
 
@@ -97,13 +99,6 @@ class DataLoader(tud.DataLoader[T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        if num_workers > 0:
-            msg = (
-                f"pipeflow.DataLoader: num_workers={num_workers} is not supported yet (worker "
-                "processes come with pipeflow's parallel stages); use num_workers=0, or "
-                "torch.utils.data.DataLoader for now"
-            )
-            raise NotImplementedError(msg)
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
 
@@ -112,31 +107,52 @@ class DataLoader(tud.DataLoader[T_co]):
         """The pipeflow loader this DataLoader runs, built from its current attributes.
 
         It is about twenty lines of public stages: a source (the batch sampler, the sampler,
-        or the iterable dataset), ``fetch``, ``batch`` for iterable datasets, and ``collate``.
+        or the iterable dataset), ``fetch``, ``batch`` for iterable datasets, ``collate``, and
+        with workers, ``parallel_map`` (map-style) or ``parallel_source`` (iterable-style).
         """
-        key = (self.collate_fn, self.pin_memory, self.num_workers)
+        key = (
+            self.collate_fn,
+            self.pin_memory,
+            self.num_workers,
+            self.prefetch_factor,
+            self.in_order,
+            self.timeout,
+            self.worker_init_fn,
+            self.multiprocessing_context,
+        )
         if self._pf_loader is not None and key == self._pf_key:
             return self._pf_loader
         collate_fn = _FASTER.get(self.collate_fn, self.collate_fn)
+        workers = {
+            "workers": self.num_workers,
+            "backend": "process",
+            "ordered": self.in_order,
+            "max_in_flight": max(1, (self.prefetch_factor or 0) * self.num_workers),
+            "mp_context": self.multiprocessing_context,
+            "worker_init": self.worker_init_fn,
+            "timeout": self.timeout or None,
+            "persistent": self.persistent_workers,
+        }
         loader: Loader[Any]
         if self._dataset_kind == _DatasetKind.Iterable:
             loader = from_iterable(self.dataset)
             if self.batch_size is not None:
                 loader = loader | batch(self.batch_size, drop_last=self.drop_last)
-        elif self.batch_sampler is not None:
-            # torch never calls set_epoch on samplers itself; the user does.
-            loader = from_sampler(self.batch_sampler, set_epoch=False) | fetch(
-                self.dataset, batched=True
-            )
+            loader = loader | collate(collate_fn)
+            if self.num_workers > 0:  # every worker iterates its own replica, as in torch
+                loader = parallel_source(loader, **workers)
         else:
-            loader = from_sampler(self.sampler, set_epoch=False) | fetch(
-                self.dataset, batched=False
-            )
-        loader = loader | collate(collate_fn)
+            # torch never calls set_epoch on samplers itself; the user does.
+            loader = from_sampler(self._index_sampler, set_epoch=False)
+            work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
+            if self.num_workers > 0:  # batch k goes to worker k % num_workers, as in torch
+                work = parallel_map(work, round_robin=True, **workers)
+            loader = loader | work
         if self.pin_memory and torch.accelerator.is_available():
             loader = loader | map_stage(_pin)
         if self._pf_loader is not None:  # keep the epoch count across a rebuild
             loader.set_epoch(self._pf_loader.epoch)
+            self._pf_loader.close()
         self._pf_key, self._pf_loader = key, loader
         return loader
 
@@ -146,18 +162,22 @@ class DataLoader(tud.DataLoader[T_co]):
             msg = f"timeout is only supported with num_workers > 0 (got timeout={self.timeout})"
             raise AssertionError(msg)
         self._warn_pin_memory()
-        it = iter(self.pipeline())
-        # torch draws the workers' base seed from `generator` when an iterator starts; draw it
-        # too, so the generator's stream (and so every later shuffle) stays identical.
-        self._base_seed = int(
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
-        )
+        # torch draws the workers' base seed from `generator` when an iterator starts, after
+        # iter(sampler): draw it at the same point, so the generator's stream (and so every
+        # later shuffle) stays identical to torch's.
+        draw = functools.cache(self._draw_base_seed)
+        it = self.pipeline().start(base_seed=draw)
+        draw()
         if (
             self._dataset_kind == _DatasetKind.Iterable
             and self._IterableDataset_len_called is not None
         ):
             return self._count_against_len(it, self._IterableDataset_len_called)
         return it
+
+    def _draw_base_seed(self) -> int:
+        seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        return int(seed)
 
     def _warn_pin_memory(self) -> None:
         if self.pin_memory and self.pin_memory_device:

@@ -10,13 +10,54 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PipeflowError", "annotate", "describe_indices"]
+__all__ = [
+    "PipeflowError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerTimeoutError",
+    "annotate",
+    "describe_indices",
+]
 
 _PREFIX = "pipeflow: stage "
 
 
 class PipeflowError(RuntimeError):
     """Base class of the errors pipeflow raises itself (not re-raised user errors)."""
+
+
+class WorkerError(PipeflowError):
+    """A worker raised an exception that could not be rebuilt in the main process.
+
+    Attributes:
+        type_name: the qualified name of the original exception type.
+    """
+
+    def __init__(self, type_name: str, text: str) -> None:
+        super().__init__(f"{type_name}: {text}")
+        self.type_name = type_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.type_name, str(self).partition(": ")[2]))
+
+
+class WorkerDiedError(PipeflowError):
+    """A worker process ended without being asked to (killed, crashed, ``os._exit``)."""
+
+
+class WorkerTimeoutError(PipeflowError, TimeoutError):
+    """No result came from the workers within the stage's ``timeout``."""
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process, as text (for ``__cause__``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def describe_indices(indices: Sequence[Any], limit: int = 16) -> str:
@@ -60,8 +101,8 @@ def annotate(
         >>> len(e.__notes__)
         1
     """
-    if is_annotated(exc):
-        return
+    if is_annotated(exc) or isinstance(exc, PipeflowError):
+        return  # named already, or one of ours: those say where they come from
     where: list[str] = []
     if index is not None:
         what = f"sample index {index!r}"
@@ -74,10 +115,21 @@ def annotate(
     else:
         what = "start-up"
     where.append(f"epoch {epoch}")
+    where.extend(_worker_words())
     note = f"{_PREFIX}{stage!r} failed on {what} ({', '.join(where)})"
     if extra:
         note = f"{note}: {extra}"
     _add_note(exc, note)
+
+
+def _worker_words() -> list[str]:
+    from pipeflow.worker_info import get_worker_info
+
+    info = get_worker_info()
+    if info is None:
+        return []
+    kind = "thread worker" if info.backend == "thread" else "worker"
+    return [f"{kind} {info.id} of {info.num_workers}", f"pid {info.pid}"]
 
 
 def _add_note(exc: BaseException, note: str) -> None:

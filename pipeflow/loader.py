@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
@@ -18,9 +18,17 @@ Out = TypeVar("Out", covariant=True)
 
 @dataclass(frozen=True)
 class Context:
-    """What a pass of the loader tells its stages: today, the epoch."""
+    """What a pass of the loader tells its stages.
+
+    Attributes:
+        epoch: the epoch of this pass.
+        base_seed: a seed for this pass's workers chosen by the caller, or a function that
+            returns it (the DataLoader facade draws it from its ``generator``, as torch does);
+            ``None`` lets stages derive one from their own seed and the epoch.
+    """
 
     epoch: int
+    base_seed: int | Callable[[], int] | None = None
 
 
 class Source(Generic[Out]):
@@ -39,6 +47,9 @@ class Source(Generic[Out]):
     def describe(self) -> str:
         """The source's repr inside a loader's repr."""
         return f"{self.name}()"
+
+    def close(self) -> None:
+        """Release anything the source holds across epochs (nothing, for most sources)."""
 
 
 class Loader(Generic[Out]):
@@ -137,10 +148,14 @@ class Loader(Generic[Out]):
         return n
 
     def __iter__(self) -> Iterator[Out]:
+        return self.start()
+
+    def start(self, *, base_seed: int | Callable[[], int] | None = None) -> Iterator[Out]:
+        """Start the next pass, like ``iter(loader)``, choosing the workers' base seed."""
         epoch = self._next_epoch
         self._next_epoch = epoch + 1
         self._epoch = epoch
-        it = _run(self._source, self._stages, Context(epoch=epoch))
+        it = _run(self._source, self._stages, Context(epoch=epoch, base_seed=base_seed))
         self._active.add(it)
         return it
 
@@ -150,6 +165,7 @@ class Loader(Generic[Out]):
         for it in list(self._active):
             it.close()  # type: ignore[attr-defined]
         self._active.clear()
+        self._source.close()
         for s in self._stages:
             s.close()
 

@@ -10,6 +10,7 @@ import reprlib
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
+from pipeflow.errors import PipeflowError
 from pipeflow.loader import Context, Loader, Source
 
 __all__ = ["from_iterable", "from_sampler", "indices"]
@@ -145,7 +146,7 @@ class _FromIterable(Source[Any]):
                     f"{self.used_by}, so epoch {context.epoch} would be silently empty; pass a "
                     "re-iterable (a list, a dataset, an object whose __iter__ starts afresh)"
                 )
-                raise RuntimeError(msg)
+                raise PipeflowError(msg)
             self.used_by = context.epoch
         return iter(self.iterable)
 
@@ -162,7 +163,7 @@ def from_iterable(iterable: Iterable[T]) -> Loader[T]:
     """Items from any iterable; each epoch iterates it afresh.
 
     A one-shot iterator (a generator, ``iter(list)``) serves one epoch; a second pass raises
-    ``RuntimeError`` instead of silently yielding nothing.
+    :class:`~pipeflow.PipeflowError` (a ``RuntimeError``) instead of silently yielding nothing.
 
     Raises:
         TypeError: if *iterable* is not iterable.
@@ -175,7 +176,7 @@ def from_iterable(iterable: Iterable[T]) -> Loader[T]:
         >>> list(loader)
         Traceback (most recent call last):
         ...
-        RuntimeError: from_iterable: the source is a one-shot iterator (generator) already consumed by epoch 0, so epoch 1 would be silently empty; pass a re-iterable (a list, a dataset, an object whose __iter__ starts afresh)
+        pipeflow.errors.PipeflowError: from_iterable: the source is a one-shot iterator (generator) already consumed by epoch 0, so epoch 1 would be silently empty; pass a re-iterable (a list, a dataset, an object whose __iter__ starts afresh)
     """
     if not isinstance(iterable, Iterable) and not hasattr(iterable, "__getitem__"):
         msg = f"from_iterable: expected an iterable (got {type(iterable).__name__})"

@@ -16,3 +16,79 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_sessionstart(session: object) -> None:
+    # multiprocessing's long-lived helpers start on first use and stay: start them up front so
+    # the leak checks below don't count them.
+    from multiprocessing import forkserver, resource_tracker
+
+    forkserver.ensure_running()
+    resource_tracker.ensure_running()
+
+
+# -- leak checks: children, threads, file descriptors, /dev/shm ------------------------------
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHM = "/dev/shm"
+
+
+def children(pid: int | None = None) -> set[int]:
+    """Live (non-zombie) child processes of *pid* (default: this process)."""
+    pid = os.getpid() if pid is None else pid
+    out: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z" and not _mp_helper(entry):
+            out.add(int(entry))
+    return out
+
+
+def _mp_helper(pid: str) -> bool:
+    """multiprocessing's own long-lived helpers (the forkserver, the resource tracker)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return b"forkserver" in cmd or b"resource_tracker" in cmd
+
+
+def shm_entries(prefix: str = "pipeflow-") -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM) if n.startswith(prefix)}
+    except OSError:
+        return set()
+
+
+def snapshot() -> tuple[set[int], set[str], set[str], int]:
+    threads = {t.name for t in threading.enumerate()}
+    return children(), threads, shm_entries(), len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves processes, threads, fds or /dev/shm segments after 2 s."""
+    kids0, threads0, shm0, fds0 = snapshot()
+    yield
+    deadline = time.monotonic() + 2.0
+    while True:
+        kids, threads, shm, fds = snapshot()
+        extra = (kids - kids0, threads - threads0, shm - shm0, fds - fds0)
+        if not any(extra[:3]) and extra[3] <= 0:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"leaked: processes {extra[0]}, threads {extra[1]}, shm {extra[2]}, "
+                f"{extra[3]} file descriptors"
+            )
+        time.sleep(0.05)

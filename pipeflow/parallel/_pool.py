@@ -1,0 +1,522 @@
+"""Worker pools (threads or processes) behind one small interface, and the driver loop.
+
+The driver keeps at most ``max_in_flight`` items out at once (backpressure), delivers results
+in order or as they complete, and turns every failure into an exception in the consumer: the
+user's own exception (same type, worker traceback chained, a note naming stage, item, worker
+and pid), :class:`~pipeflow.errors.WorkerDiedError` when a process dies, and
+:class:`~pipeflow.errors.WorkerTimeoutError` when nothing arrives within ``timeout``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pipeflow.errors import (
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    _RemoteTraceback,
+    describe_indices,
+)
+from pipeflow.parallel import _shm
+from pipeflow.parallel._worker import SourceJob, describe_item, process_main, thread_main
+
+__all__ = ["ProcessPool", "ThreadPool", "drive"]
+
+#: How long workers get to finish their current item after being told to stop.
+STOP_GRACE = 1.0
+_POOL_IDS = itertools.count()
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:  # interpreter exit: nothing left behind
+    for pool in list(_LIVE):
+        pool.close()
+
+
+def _what(items: dict[int, Any]) -> str:
+    """Name the items a worker held: sample indices where they are indices."""
+    flat: list[Any] = []
+    for seq, item in sorted(items.items()):
+        where = describe_item(item, seq)
+        if "index" in where:
+            flat.append(where["index"])
+        elif "batch" in where:
+            flat.extend(where["batch"])
+        else:
+            return f"items {sorted(items)}"
+    return f"sample indices {describe_indices(flat)}" if flat else "no items"
+
+
+class _Result:
+    __slots__ = ("kind", "payload", "seq", "worker")
+
+    def __init__(self, kind: str, seq: int, payload: Any, worker: int) -> None:
+        self.kind, self.seq, self.payload, self.worker = kind, seq, payload, worker
+
+
+class ProcessPool:
+    """Worker processes, each with its own duplex pipe; results come back via shared memory."""
+
+    backend = "process"
+
+    def __init__(
+        self,
+        job: Any,
+        workers: int,
+        *,
+        name: str,
+        context: multiprocessing.context.BaseContext,
+        worker_init: Any,
+        base_seed: int,
+        round_robin: bool,
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.round_robin = round_robin
+        self.pool_id = next(_POOL_IDS)
+        self.prefix = _shm.segment_prefix(os.getpid(), self.pool_id)
+        self.method = context.get_start_method()
+        self.closed = False
+        self.broken = False
+        self.pass_id = 0
+        self.active = [True] * workers
+        self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
+        self.stale: list[int] = [0] * workers  # tasks of earlier passes still out
+        self.depth = 2  # tasks queued per worker, at most (set per pass)
+        self.head_since = [0.0] * workers  # when each worker's current task started, roughly
+        self.avg: float | None = None  # moving average of the time per task
+        self.warm = [False] * workers  # a worker's first result also timed its start-up
+        self._rr = itertools.cycle(range(workers))
+        if self.method == "fork":
+            payload, init = job, worker_init
+        else:
+            payload = self._pickle(job, "fn")
+            init = self._pickle(worker_init, "worker_init") if worker_init else None
+        self.conns: list[Any] = []
+        self.procs: list[Any] = []
+        # Freeze the heap before forking: the workers' garbage collector then never writes to
+        # the parent's objects, so their pages stay shared (copy-on-write would copy them).
+        frozen = self.method == "fork"
+        if frozen:
+            gc.freeze()
+        try:
+            for wid in range(workers):
+                here, there = context.Pipe(duplex=True)
+                proc = context.Process(
+                    target=process_main,
+                    args=(there, payload, wid, workers, base_seed, init, os.getpid(),
+                          _shm.segment_prefix(os.getpid(), self.pool_id, wid)),
+                    name=f"pipeflow-{name}-{wid}",
+                    daemon=True,
+                )
+                proc.start()
+                there.close()
+                self.conns.append(here)
+                self.procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if frozen:
+                gc.unfreeze()
+        self.by_fd = {c.fileno(): i for i, c in enumerate(self.conns)}
+        self.sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
+        _LIVE.add(self)
+
+    def _pickle(self, obj: Any, what: str) -> bytes:
+        try:
+            return pickle.dumps(obj)
+        except Exception as e:
+            msg = (
+                f"parallel stage {self.name!r}: {what} can't be pickled for the "
+                f"{self.method!r} start method ({type(e).__name__}: {e}); define it at module "
+                "level (not a lambda or a local function), or use the 'fork' start method"
+            )
+            raise TypeError(msg) from e
+
+    # -- a pass ----------------------------------------------------------------------------
+    def start_pass(self, max_in_flight: int) -> None:
+        self.pass_id += 1
+        self.active = [True] * self.workers
+        self.depth = -(-max_in_flight // self.workers)
+        for wid in range(self.workers):
+            self.stale[wid] += len(self.outstanding[wid])
+            self.outstanding[wid].clear()
+
+    def can_submit(self) -> bool:
+        return any(self.active)
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        """Send one task; False (nothing sent) when no worker has room for it now."""
+        wid = self._choose()
+        if wid is None:
+            return False
+        if not self.outstanding[wid] and not self.stale[wid]:
+            self.head_since[wid] = time.monotonic()
+        self.conns[wid].send((self.pass_id, seq, epoch, item))
+        self.outstanding[wid][seq] = item
+        return True
+
+    def _choose(self) -> int | None:
+        if self.round_robin:  # torch's order: task k to worker k % workers
+            for _ in range(self.workers):
+                wid = next(self._rr)
+                if self.active[wid]:
+                    return wid
+            raise AssertionError("no active worker")
+        # The least busy worker, never one that seems stuck on a slow item: queueing behind
+        # it would hold the queued item back too. Until the first result shows how long an
+        # item takes, one task per worker.
+        now = time.monotonic()
+        cap = 1 if self.avg is None else self.depth
+        slow = None if self.avg is None else max(4 * self.avg, 0.001)
+        best = cap
+        choice = None
+        for wid in range(self.workers):
+            load = len(self.outstanding[wid]) + self.stale[wid]
+            if load >= best:
+                continue
+            if slow is not None and load > 0 and now - self.head_since[wid] > slow:
+                continue  # stuck: let its queue drain first (an idle worker is never stuck)
+            best, choice = load, wid
+        return choice
+
+    def collect(self, timeout: float | None) -> list[_Result] | None:
+        """Wait for messages (or a death); ``None`` means *timeout* passed with none.
+
+        The list may be empty when only late results of an abandoned pass arrived.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = multiprocessing.connection.wait([*self.conns, *self.sentinels], left)
+            if not ready:
+                return None
+            out: list[_Result] = []
+            dead: list[int] = []
+            got = False
+            for r in ready:
+                if r in self.sentinels:
+                    dead.append(self.sentinels[r])
+                    continue
+                wid = self.by_fd[r.fileno()]
+                while r.poll():
+                    try:
+                        msg = r.recv_bytes()
+                    except (EOFError, OSError):
+                        dead.append(wid)
+                        break
+                    got = True
+                    res = self._receive(wid, msg)
+                    if res is not None:
+                        out.append(res)
+            if got:
+                return out
+            for wid in dead:
+                if not self.conns[wid].poll():
+                    self._died(wid)
+
+    def _receive(self, wid: int, msg: bytes) -> _Result | None:
+        pass_id, kind, seq, *rest = pickle.loads(msg)
+        if kind == "err" and seq == -1:
+            self._raise_remote(rest, f"worker_init in worker {wid} (pid {self.procs[wid].pid})")
+        now = time.monotonic()
+        if self.warm[wid]:
+            took = now - self.head_since[wid]
+            self.avg = took if self.avg is None else 0.8 * self.avg + 0.2 * took
+        self.warm[wid] = True
+        self.head_since[wid] = now
+        if pass_id != self.pass_id:  # a late result of an abandoned pass
+            self.stale[wid] -= 1
+            if kind == "ok":
+                _shm.discard(rest[1])
+            return None
+        self.outstanding[wid].pop(seq, None)
+        if kind == "ok":
+            data, segment, layout = rest
+            return _Result("ok", seq, (data, segment, layout), wid)
+        if kind == "end":
+            self.active[wid] = False
+            return _Result("end", seq, None, wid)
+        return _Result("err", seq, rest, wid)
+
+    def rebuild(self, res: _Result) -> Any:
+        return _shm.decode(*res.payload)
+
+    def raise_error(self, res: _Result) -> None:
+        self._raise_remote(res.payload, None)
+
+    @staticmethod
+    def _raise_remote(payload: list[Any], where: str | None) -> None:
+        exc_bytes, type_name, text, tb_text = payload
+        exc: BaseException = (
+            pickle.loads(exc_bytes) if exc_bytes is not None else WorkerError(type_name, text)
+        )
+        if where is not None and hasattr(exc, "add_note"):
+            exc.add_note(f"pipeflow: {where} failed")
+        raise exc from _RemoteTraceback(tb_text)
+
+    def _died(self, wid: int) -> None:
+        proc = self.procs[wid]
+        proc.join(0.1)
+        code = proc.exitcode
+        if code is None:
+            how = "closed its pipe"
+        elif code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        msg = (
+            f"parallel stage {self.name!r}: worker {wid} of {self.workers} (pid {proc.pid}) "
+            f"{how} while holding {_what(self.outstanding[wid])}"
+        )
+        if code == -signal.SIGBUS:
+            msg += (
+                "; SIGBUS in a worker usually means /dev/shm is full: enlarge it (e.g. "
+                "docker run --shm-size=8g) or lower max_in_flight"
+            )
+        self.broken = True
+        raise WorkerDiedError(msg)
+
+    def in_flight(self) -> str:
+        parts = [
+            f"{_what(o)} in worker {w} (pid {self.procs[w].pid})"
+            for w, o in enumerate(self.outstanding)
+            if o
+        ]
+        return "; ".join(parts) or "nothing"
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every worker (terminating the hung ones) and unlink every segment."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + STOP_GRACE
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(0.3)
+            if p.is_alive():
+                p.kill()
+                p.join(0.3)
+        for c in self.conns:
+            try:
+                while c.poll():
+                    msg = pickle.loads(c.recv_bytes())
+                    if msg[1] == "ok":
+                        _shm.discard(msg[4])
+            except (EOFError, OSError):
+                pass
+            c.close()
+        for p in self.procs:
+            if not p.is_alive():
+                p.close()
+        _shm.sweep(self.prefix)
+
+
+class ThreadPool:
+    """Worker threads: a shared task queue for maps, one queue per thread for sources."""
+
+    backend = "thread"
+
+    def __init__(
+        self,
+        job: Any,
+        workers: int,
+        *,
+        name: str,
+        worker_init: Any,
+        base_seed: int,
+        round_robin: bool,
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.round_robin = round_robin
+        self.closed = False
+        self.broken = False
+        self.pass_id = 0
+        self.current = [0]  # shared with the threads: tasks of other passes are skipped
+        self.active = [True] * workers
+        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (worker or -1, item)
+        self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        shared: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
+        self._rr = itertools.cycle(range(workers))
+        self.threads = []
+        for wid in range(workers):
+            own_job = job.clone() if isinstance(job, SourceJob) else job
+            t = threading.Thread(
+                target=thread_main,
+                args=(
+                    self.queues[wid],
+                    self.results,
+                    own_job,
+                    wid,
+                    workers,
+                    base_seed,
+                    worker_init,
+                    self.current,
+                ),
+                name=f"pipeflow-{name}-{wid}",
+                daemon=True,
+            )
+            t.start()
+            self.threads.append(t)
+        _LIVE.add(self)
+
+    def start_pass(self, max_in_flight: int) -> None:
+        self.pass_id += 1
+        self.current[0] = self.pass_id
+        self.active = [True] * self.workers
+        self.outstanding.clear()
+
+    def can_submit(self) -> bool:
+        return any(self.active)
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        wid = -1
+        if self.round_robin:
+            for _ in range(self.workers):
+                wid = next(self._rr)
+                if self.active[wid]:
+                    break
+        self.queues[max(wid, 0)].put((self.pass_id, seq, epoch, item))
+        self.outstanding[seq] = (wid, item)
+        return True
+
+    def collect(self, timeout: float | None) -> list[_Result] | None:
+        out: list[_Result] = []
+        try:
+            msg = self.results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        while True:
+            pass_id, kind, seq, payload, wid = msg
+            if kind == "err" and seq == -1:
+                payload.add_note(f"pipeflow: worker_init in thread worker {wid} failed")
+                raise payload
+            if pass_id == self.pass_id:
+                self.outstanding.pop(seq, None)
+                if kind == "end":
+                    self.active[wid] = False
+                out.append(_Result(kind, seq, payload, wid))
+            try:
+                msg = self.results.get_nowait()
+            except queue.Empty:
+                return out
+
+    def rebuild(self, res: _Result) -> Any:
+        return res.payload
+
+    def raise_error(self, res: _Result) -> None:
+        raise res.payload
+
+    def in_flight(self) -> str:
+        return _what({seq: item for seq, (_, item) in self.outstanding.items()})
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        for q in {id(q): q for q in self.queues}.values():
+            for _ in range(self.workers):
+                q.put(None)
+        deadline = time.monotonic() + STOP_GRACE
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        # A thread stuck in user code can't be stopped; it is a daemon and holds no process.
+
+
+def drive(
+    pool: Any,
+    upstream: Iterable[Any] | None,
+    *,
+    epoch: int,
+    ordered: bool,
+    max_in_flight: int,
+    timeout: float | None,
+) -> Iterator[Any]:
+    """Feed *upstream* (``None``: the workers are sources) to *pool*; yield what comes back."""
+    pool.start_pass(max_in_flight)
+    source = iter(upstream) if upstream is not None else None
+    exhausted = False
+    sent = delivered = 0
+    next_out = 0
+    ready: dict[int, Any] = {}
+    held: list[Any] = []  # an item pulled from upstream that no worker had room for yet
+    while True:
+        while not exhausted and sent - delivered < max_in_flight:
+            if held:
+                item = held.pop()
+            elif source is None:
+                if not pool.can_submit():
+                    exhausted = True
+                    break
+                item = None
+            else:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    exhausted = True
+                    break
+            if not pool.submit(sent, epoch, item):
+                held.append(item)
+                break
+            sent += 1
+        if sent == delivered and not held:
+            return
+        results = pool.collect(timeout)
+        if results is None:
+            msg = (
+                f"parallel stage {pool.name!r}: no result within timeout={timeout} s; "
+                f"in flight: {pool.in_flight()}"
+            )
+            raise WorkerTimeoutError(msg)
+        for res in results:
+            ready[res.seq] = res
+        if ordered:
+            while next_out in ready:
+                res = ready.pop(next_out)
+                next_out += 1
+                delivered += 1
+                if res.kind == "ok":
+                    yield pool.rebuild(res)
+                elif res.kind == "err":
+                    pool.raise_error(res)
+        else:
+            for seq in list(ready):
+                res = ready.pop(seq)
+                delivered += 1
+                if res.kind == "ok":
+                    yield pool.rebuild(res)
+                elif res.kind == "err":
+                    pool.raise_error(res)

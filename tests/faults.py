@@ -1,0 +1,96 @@
+"""Fault injectors, defined at module level so they pickle; keyed by sample index, never chance."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RaiseAt:
+    index: int
+    exc: type[BaseException] = KeyError
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index or (isinstance(i, list) and self.index in i):
+            raise self.exc(f"injected failure at {self.index}")
+        return i
+
+
+@dataclass(frozen=True)
+class ExitAt:
+    index: int
+    code: int = 3
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index:
+            os._exit(self.code)
+        return i
+
+
+@dataclass(frozen=True)
+class SignalAt:
+    index: int
+    sig: int = signal.SIGKILL
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index:
+            os.kill(os.getpid(), self.sig)
+            time.sleep(10)
+        return i
+
+
+@dataclass(frozen=True)
+class SegfaultAt:
+    index: int
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index:
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        return i
+
+
+@dataclass(frozen=True)
+class HangAt:
+    index: int
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index:
+            time.sleep(3600)
+        return i
+
+
+@dataclass(frozen=True)
+class SleepAt:
+    index: int
+    seconds: float
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index:
+            time.sleep(self.seconds)
+        return i
+
+
+class Unrebuildable(Exception):
+    """An exception whose constructor needs two arguments: it can't be unpickled."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        super().__init__(f"{a}/{b}")
+
+
+@dataclass(frozen=True)
+class RaiseUnrebuildable:
+    def __call__(self, i: Any) -> Any:
+        raise Unrebuildable(i, "x")
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def pid_and(x: Any) -> tuple[Any, int]:
+    return x, os.getpid()

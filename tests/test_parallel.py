@@ -1,0 +1,391 @@
+"""``parallel_map`` / ``parallel_source``: ordering, exactly-once, errors, cleanup."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeflow as pf
+from tests.conftest import children
+from tests.faults import (
+    RaiseAt,
+    RaiseUnrebuildable,
+    SleepAt,
+    pid_and,
+    square,
+)
+
+BACKENDS = [
+    pytest.param(("thread", None), id="thread"),
+    pytest.param(("process", "fork"), id="fork"),
+]
+ALL_START_METHODS = [
+    *BACKENDS,
+    pytest.param(("process", "forkserver"), id="forkserver"),
+    pytest.param(("process", "spawn"), id="spawn"),
+]
+
+
+def pmap(fn: Any, backend: tuple[str, str | None], **kw: Any) -> pf.Stage:
+    kind, method = backend
+    return pf.parallel_map(fn, backend=kind, mp_context=method, **kw)
+
+
+def make_array(i: int) -> np.ndarray:
+    return np.full((64, 64), i, dtype=np.float32)
+
+
+class Table:
+    """A small map-style dataset of (array, label) pairs."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return np.full(3, i, dtype=np.float32), i
+
+
+# -- results ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ALL_START_METHODS)
+def test_ordered_results_equal_the_single_process_run(backend, no_leaks) -> None:
+    loader = pf.indices(30) | pmap(square, backend, workers=2)
+    assert list(loader) == [i * i for i in range(30)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_composed_stage_runs_like_a_dataloader_worker(backend, no_leaks) -> None:
+    ds = Table(23)
+    work = pf.fetch(ds) | pf.collate()
+    ours = pf.indices(23) | pf.batch(5) | pmap(work, backend, workers=2)
+    ref = pf.indices(23) | pf.batch(5) | work
+    for a, b in zip(ours, ref, strict=True):
+        assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+        assert a[0].dtype == b[0].dtype
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arrays_come_back_intact_and_writable(backend, no_leaks) -> None:
+    out = list(pf.indices(12) | pmap(make_array, backend, workers=2))
+    for i, a in enumerate(out):
+        assert a.shape == (64, 64) and a.dtype == np.float32
+        assert (a == i).all()
+        a += 1  # writable, and ours
+    assert (out[3] == 4).all()
+
+
+def test_tensors_come_back_through_shared_memory(no_leaks) -> None:
+    torch = pytest.importorskip("torch")
+    loader = pf.indices(6) | pf.batch(3) | pf.parallel_map(
+        pf.fetch(Table(6)) | pf.collate(), workers=2, backend="process"
+    )
+    (x0, y0), (x1, y1) = list(loader)
+    assert isinstance(x0, torch.Tensor) and x0.dtype == torch.float32
+    assert y1.tolist() == [3, 4, 5]
+    assert x1[:, 0].tolist() == [3.0, 4.0, 5.0]
+
+
+@given(
+    n=st.integers(0, 80),
+    size=st.integers(1, 9),
+    workers=st.integers(1, 4),
+    ordered=st.booleans(),
+    in_flight=st.one_of(st.none(), st.integers(1, 9)),
+)
+@settings(max_examples=25)
+def test_exactly_once_threads(n, size, workers, ordered, in_flight) -> None:
+    loader = pf.indices(n) | pf.batch(size) | pf.parallel_map(
+        len, workers=workers, ordered=ordered, max_in_flight=in_flight
+    )
+    got = list(loader)
+    want = [len(b) for b in (pf.indices(n) | pf.batch(size))]
+    assert got == want if ordered else Counter(got) == Counter(want)
+
+
+@given(
+    n=st.integers(0, 60),
+    workers=st.integers(1, 3),
+    ordered=st.booleans(),
+    in_flight=st.one_of(st.none(), st.integers(1, 6)),
+)
+@settings(max_examples=12)
+def test_exactly_once_processes(n, workers, ordered, in_flight) -> None:
+    loader = pf.indices(n) | pf.parallel_map(
+        square, workers=workers, backend="process", ordered=ordered, max_in_flight=in_flight
+    )
+    got = list(loader)
+    want = [i * i for i in range(n)]
+    assert got == want if ordered else sorted(got) == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unordered_delivery_lets_fast_items_pass_a_slow_one(backend, no_leaks) -> None:
+    loader = pf.indices(12) | pmap(SleepAt(0, 1.0), backend, workers=3, ordered=False)
+    start = time.monotonic()
+    got = []
+    for x in loader:
+        got.append((x, time.monotonic() - start))
+    assert sorted(x for x, _ in got) == list(range(12))
+    assert got[-1][0] == 0  # the slow one came last...
+    assert got[0][1] < 0.5  # ...and did not hold the first results back
+
+
+def test_backpressure_bounds_items_in_flight() -> None:
+    pulled = []
+
+    def source():
+        for i in range(1000):
+            pulled.append(i)
+            yield i
+
+    it = iter(pf.from_iterable(source()) | pf.parallel_map(abs, workers=2, max_in_flight=5))
+    next(it)
+    time.sleep(0.1)
+    assert len(pulled) <= 6 + 1
+    it.close()
+
+
+def test_workers_zero_runs_inline() -> None:
+    assert list(pf.indices(5) | pf.parallel_map(square, workers=0)) == [0, 1, 4, 9, 16]
+
+
+# -- worker identity and seeding ----------------------------------------------------------------
+def worker_ids(_: Any) -> tuple[int, int, int]:
+    info = pf.get_worker_info()
+    assert info is not None
+    return info.id, info.num_workers, info.seed
+
+
+def global_draws(_: Any) -> tuple[float, float]:
+    import random
+
+    return random.random(), float(np.random.rand())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_get_worker_info_inside_workers(backend) -> None:
+    got = set(pf.indices(20) | pmap(worker_ids, backend, workers=2, seed=5))
+    assert {(w, n) for w, n, _ in got} <= {(0, 2), (1, 2)}
+    seeds = {s for _, _, s in got}
+    assert len(seeds) == len({w for w, _, _ in got})
+    assert pf.get_worker_info() is None
+
+
+def test_process_workers_seed_global_generators_distinctly_and_reproducibly() -> None:
+    def run() -> list[tuple[float, float]]:
+        return list(
+            pf.indices(8)
+            | pf.parallel_map(global_draws, workers=2, backend="process", seed=11, round_robin=True)
+        )
+
+    a, b = run(), run()
+    assert a == b
+    assert a[0] != a[1]  # worker 0 and worker 1 draw different numbers
+
+
+def record_init(worker_id: int) -> None:
+    os.environ["PIPEFLOW_TEST_INIT"] = str(worker_id)
+
+
+def read_init(_: Any) -> str:
+    return os.environ.get("PIPEFLOW_TEST_INIT", "")
+
+
+def test_worker_init_runs_in_each_worker() -> None:
+    got = set(
+        pf.indices(10)
+        | pf.parallel_map(read_init, workers=2, backend="process", worker_init=record_init)
+    )
+    assert got <= {"0", "1"} and got
+
+
+# -- persistence ------------------------------------------------------------------------------
+def test_persistent_pool_is_reused_across_epochs_and_closed_by_the_loader(no_leaks) -> None:
+    loader = pf.indices(8) | pf.parallel_map(pid_and, workers=2, backend="process", persistent=True)
+    pids1 = {p for _, p in loader}
+    pids2 = {p for _, p in loader}
+    assert pids1 == pids2
+    assert pids1 <= children()
+    loader.close()
+    assert not (pids1 & children())
+
+
+def test_non_persistent_pool_stops_after_each_epoch(no_leaks) -> None:
+    loader = pf.indices(8) | pf.parallel_map(pid_and, workers=2, backend="process")
+    pids1 = {p for _, p in loader}
+    assert not (pids1 & children())
+
+
+def test_persistent_pool_survives_an_early_break(no_leaks) -> None:
+    with pf.indices(50) | pf.parallel_map(
+        pid_and, workers=2, backend="process", persistent=True
+    ) as loader:
+        for _ in loader:
+            break
+        assert [x for x, _ in loader] == list(range(50))
+
+
+# -- errors -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ALL_START_METHODS)
+def test_worker_exception_keeps_type_and_names_stage_index_worker(backend, no_leaks) -> None:
+    loader = pf.indices(10) | pmap(RaiseAt(7), backend, workers=2)
+    got = []
+    with pytest.raises(KeyError, match="injected failure at 7") as info:
+        for x in loader:
+            got.append(x)
+    assert got == list(range(7))  # ordered: everything before the failure was delivered
+    note = info.value.__notes__[0]
+    assert "stage 'parallel_map' failed on sample index 7 (epoch 0, " in note
+    assert "worker " in note and " of 2, pid " in note
+    if backend[0] == "process":
+        assert "faults.py" in str(info.value.__cause__)  # the worker's own traceback
+
+
+def test_fetch_failure_in_a_worker_names_the_sample_and_its_batch(no_leaks) -> None:
+    class Broken(Table):
+        def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+            if i == 6:
+                raise ValueError("corrupt")
+            return super().__getitem__(i)
+
+    loader = pf.indices(10) | pf.batch(4) | pf.parallel_map(
+        pf.fetch(Broken(10)) | pf.collate(), workers=2, backend="process"
+    )
+    with pytest.raises(ValueError, match="corrupt") as info:
+        list(loader)
+    note = info.value.__notes__[0]
+    assert note.startswith("pipeflow: stage 'fetch' failed on sample index 6 (batch [4, 5, 6, 7], epoch 0, worker ")
+
+
+def test_unrebuildable_exception_becomes_a_pipeflow_error(no_leaks) -> None:
+    loader = pf.indices(3) | pf.parallel_map(RaiseUnrebuildable(), workers=1, backend="process")
+    with pytest.raises(pf.PipeflowError) as info:
+        list(loader)
+    assert isinstance(info.value, RuntimeError)
+    assert "Unrebuildable" in str(info.value) and "0/x" in str(info.value)
+
+
+def test_unpicklable_function_fails_before_any_worker_starts(no_leaks) -> None:
+    before = children()
+    stage = pf.parallel_map(lambda x: x, workers=2, backend="process", mp_context="spawn")
+    with pytest.raises(TypeError, match="can't be pickled for the 'spawn' start method"):
+        list(pf.indices(3) | stage)
+    assert children() == before
+
+
+def test_lambdas_work_with_fork() -> None:
+    stage = pf.parallel_map(lambda x: x + 1, workers=2, backend="process", mp_context="fork")
+    assert list(pf.indices(4) | stage) == [1, 2, 3, 4]
+
+
+def test_timeout_names_the_indices_in_flight(no_leaks) -> None:
+    from tests.faults import HangAt
+
+    loader = pf.indices(6) | pf.parallel_map(HangAt(2), workers=2, backend="process", timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(pf.WorkerTimeoutError) as info:
+        list(loader)
+    assert isinstance(info.value, TimeoutError)
+    assert time.monotonic() - start < 2
+    assert "timeout=0.5" in str(info.value)
+    assert "sample indices" in str(info.value) and "2" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        (dict(workers=-1), ValueError, r"workers must be at least 0 \(got -1\)"),
+        (dict(workers=2.0), TypeError, "workers must be an integer"),
+        (dict(workers=2, backend="gpu"), ValueError, "backend must be"),
+        (dict(workers=2, max_in_flight=0), ValueError, r"max_in_flight must be at least 1"),
+        (dict(workers=2, timeout=0), ValueError, "timeout must be more than 0"),
+        (dict(workers=2, mp_context="spawn"), ValueError, "backend='process' only"),
+        (dict(workers=2, backend="process", mp_context="nope"), ValueError, "mp_context"),
+        (dict(workers=2, worker_init=3), TypeError, "worker_init must be callable"),
+        (dict(workers=2, ordered="yes"), TypeError, "ordered must be a bool"),
+    ],
+)
+def test_bad_configuration_raises_when_built(kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        pf.parallel_map(square, **kwargs)
+
+
+def test_many_to_one_stage_is_refused() -> None:
+    with pytest.raises(ValueError, match="one-to-one"):
+        pf.parallel_map(pf.filter(bool), workers=2)
+
+
+def test_parallel_stages_pickle_without_their_pool() -> None:
+    s = pf.parallel_map(square, workers=2, backend="process", persistent=True, seed=1)
+    loader = pf.indices(4) | s
+    list(loader)
+    clone = pickle.loads(pickle.dumps(s))
+    assert clone == s and repr(clone) == repr(s)
+    assert list(pf.indices(4) | clone) == [0, 1, 4, 9]
+    loader.close()
+    clone.close()
+
+
+# -- cleanup ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_early_break_leaves_nothing_behind(backend, no_leaks) -> None:
+    for x in pf.indices(1000) | pmap(make_array, backend, workers=2):
+        if x[0, 0] == 3:
+            break
+
+
+def test_twenty_cycles_leak_nothing(no_leaks) -> None:
+    for cycle in range(20):
+        loader = pf.indices(20) | pf.parallel_map(make_array, workers=2, backend="process")
+        it = iter(loader)
+        for _ in range(cycle % 5):
+            next(it)
+        del it, loader
+
+
+# -- parallel_source -----------------------------------------------------------------------------
+class ShardedStream:
+    """An iterable dataset that splits itself across workers, as torch's docs teach."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = pf.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        yield from range(start, self.n, step)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [0, 1, 7, 20])
+def test_parallel_source_interleaves_worker_replicas(backend, n, no_leaks) -> None:
+    kind, method = backend
+    loader = pf.parallel_source(
+        pf.from_iterable(ShardedStream(n)), workers=3, backend=kind, mp_context=method
+    )
+    assert list(loader) == list(range(n))
+    assert list(loader) == list(range(n))  # and again, next epoch
+
+
+def test_parallel_source_unordered_is_still_exactly_once(no_leaks) -> None:
+    loader = pf.parallel_source(
+        pf.from_iterable(ShardedStream(31)) | pf.batch(4), workers=2, ordered=False
+    )
+    assert sorted(i for b in loader for i in b) == list(range(31))
+
+
+def test_start_methods_are_all_available() -> None:
+    assert {"fork", "spawn", "forkserver"} <= set(multiprocessing.get_all_start_methods())
