@@ -99,6 +99,7 @@ class DataLoader(tud.DataLoader[T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        self._pf_drawn = False
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
 
@@ -165,9 +166,14 @@ class DataLoader(tud.DataLoader[T_co]):
         # torch draws the workers' base seed from `generator` when an iterator starts, after
         # iter(sampler): draw it at the same point, so the generator's stream (and so every
         # later shuffle) stays identical to torch's.
+        # With persistent workers torch makes one iterator and resets it for later epochs, so
+        # it draws only once; so do we (the workers keep their first seeds either way).
         draw = functools.cache(self._draw_base_seed)
-        it = self.pipeline().start(base_seed=draw)
-        draw()
+        reuse = self.persistent_workers and self.num_workers > 0 and self._pf_drawn
+        it = self.pipeline().start(base_seed=None if reuse else draw)
+        if not reuse:
+            draw()
+            self._pf_drawn = True
         if (
             self._dataset_kind == _DatasetKind.Iterable
             and self._IterableDataset_len_called is not None

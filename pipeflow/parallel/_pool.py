@@ -168,7 +168,10 @@ class ProcessPool:
             return False
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
-        self.conns[wid].send((self.pass_id, seq, epoch, item))
+        try:
+            self.conns[wid].send((self.pass_id, seq, epoch, item))
+        except OSError:  # BrokenPipeError: the worker is gone
+            self._died(wid)
         self.outstanding[wid][seq] = item
         return True
 
@@ -215,21 +218,19 @@ class ProcessPool:
                     dead.append(self.sentinels[r])
                     continue
                 wid = self.by_fd[r.fileno()]
-                while r.poll():
-                    try:
+                try:
+                    while r.poll():
                         msg = r.recv_bytes()
-                    except (EOFError, OSError):
-                        dead.append(wid)
-                        break
-                    got = True
-                    res = self._receive(wid, msg)
-                    if res is not None:
-                        out.append(res)
+                        got = True
+                        res = self._receive(wid, msg)
+                        if res is not None:
+                            out.append(res)
+                except (EOFError, OSError):  # the pipe closed: the worker is gone
+                    dead.append(wid)
             if got:
-                return out
+                return out  # deliver what came first; a death shows up on the next call
             for wid in dead:
-                if not self.conns[wid].poll():
-                    self._died(wid)
+                self._died(wid)
 
     def _receive(self, wid: int, msg: bytes) -> _Result | None:
         pass_id, kind, seq, *rest = pickle.loads(msg)

@@ -1,0 +1,129 @@
+"""Reliability scenarios, each run in its own interpreter by test_reliability.py.
+
+Usage: ``python -m tests._scenario NAME``. Prints one JSON line per event on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import pipeflow as pf
+from tests.conftest import children
+from tests.faults import ExitAt, SegfaultAt, SignalAt, SleepAt, square
+
+
+def say(**kw: Any) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.05)
+    return x * x
+
+
+def big(x: int) -> Any:
+    import numpy as np
+
+    return np.full(100_000, x, dtype=np.float64)  # 800 kB: travels through /dev/shm
+
+
+FAULTS = {
+    "sigkill": SignalAt(5, signal.SIGKILL),
+    "exit": ExitAt(5, 3),
+    "segfault": SegfaultAt(5),
+    "sigbus": SignalAt(5, signal.SIGBUS),
+}
+
+
+def die(how: str) -> None:
+    loader = pf.indices(40) | pf.parallel_map(FAULTS[how], workers=2, backend="process")
+    it = iter(loader)
+    next(it)
+    say(event="started", workers=sorted(children()))
+    start = time.monotonic()
+    try:
+        for _ in it:
+            pass
+    except Exception as e:
+        say(event="error", type=type(e).__name__, msg=str(e), elapsed=time.monotonic() - start,
+            runtime_error=isinstance(e, RuntimeError))
+    say(event="done", workers=sorted(children()))
+
+
+def early(how: str) -> None:
+    backend = "thread" if how.endswith("thread") else "process"
+    loader = pf.indices(10_000) | pf.parallel_map(big, workers=2, backend=backend)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    say(event="started", workers=sorted(children()), threads=threading.active_count())
+    start = time.monotonic()
+    if how.startswith("break"):
+        for _ in it:
+            break
+        it.close()  # what a for-loop's break does to the generator once it is dropped
+    elif how.startswith("del"):
+        del it
+    elif how.startswith("close"):
+        loader.close()
+    deadline = time.monotonic() + 2
+    while (children() or threading.active_count() > 1) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    say(event="done", workers=sorted(children()), threads=threading.active_count(),
+        elapsed=time.monotonic() - start)
+
+
+def interrupt() -> None:
+    loader = pf.indices(10_000) | pf.parallel_map(slow_square, workers=2, backend="process")
+    n = 0
+    for _ in loader:
+        n += 1
+        if n == 3:
+            say(event="started", workers=sorted(children()))
+
+
+def exit_midway() -> None:
+    loader = pf.indices(10_000) | pf.parallel_map(big, workers=2, backend="process")
+    it = iter(loader)
+    next(it)
+    say(event="started", workers=sorted(children()))
+    sys.exit(0)  # with the iterator still open: the atexit hook stops the workers
+
+
+def orphan() -> None:
+    loader = pf.indices(10_000) | pf.parallel_map(
+        big, workers=2, backend="process", persistent=True, max_in_flight=8
+    )
+    it = iter(loader)
+    next(it)
+    say(event="started", workers=sorted(children()))
+    time.sleep(60)  # the test kills us now
+
+
+def stall() -> None:
+    loader = pf.indices(20) | pf.parallel_map(SleepAt(4, 3600), workers=2, backend="process",
+                                              timeout=0.5)
+    start = time.monotonic()
+    it = iter(loader)
+    next(it)
+    say(event="started", workers=sorted(children()))
+    try:
+        list(it)
+    except TimeoutError as e:
+        say(event="error", type=type(e).__name__, msg=str(e), elapsed=time.monotonic() - start)
+    deadline = time.monotonic() + 2
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    say(event="done", workers=sorted(children()), elapsed=time.monotonic() - start)
+
+
+if __name__ == "__main__":
+    name, _, arg = sys.argv[1].partition(":")
+    {"die": die, "early": early}.get(name, lambda a: globals()[name]())(arg)
+    _ = square, os
