@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 from collections.abc import (
     Callable,
@@ -88,21 +89,29 @@ _NP_SCALARS_FAST = frozenset(
 )
 
 
+_TORCH_WORKER: list[int | bool] = [-1, False]  # [pid, in a torch worker?], cached per process
+
+
 def _in_worker() -> bool:
     """Whether this runs in a torch DataLoader worker (then batches go to torch's shared memory).
 
     pipeflow's own process workers answer torch's ``get_worker_info()`` too, but they send
-    results through their own shared memory, so collation there allocates plain memory.
+    results through their own shared memory, so collation there allocates plain memory. The
+    answer is cached per process (a worker learns what it is before its first batch).
 
     Examples:
         >>> _in_worker()
         False
     """
-    import torch.utils.data
+    pid = os.getpid()
+    if _TORCH_WORKER[0] != pid:
+        from torch.utils.data import get_worker_info as torch_worker_info
 
-    from pipeflow.worker_info import get_worker_info
+        from pipeflow.worker_info import _process_info
 
-    return torch.utils.data.get_worker_info() is not None and get_worker_info() is None
+        ours = _process_info is not None
+        _TORCH_WORKER[:] = [pid, torch_worker_info() is not None and not ours]
+    return bool(_TORCH_WORKER[1])
 
 
 def default_collate(batch: Sequence[Any]) -> Any:

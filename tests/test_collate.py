@@ -554,6 +554,7 @@ def test_in_a_worker_batches_go_to_shared_memory_like_torch(
 ) -> None:
     # Both torch's collate and `_in_worker` ask `torch.utils.data.get_worker_info()`.
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    monkeypatch.setattr(pf_collate, "_TORCH_WORKER", [-1, False])  # forget the cached answer
     assert pf_collate._in_worker()
     assert_matches_torch(default_collate, torch_collate, make_batch())
     theirs, error = outcome(torch_collate, make_batch())

@@ -20,8 +20,13 @@ The conventions for ``docs/**/*.md``:
   freeing the page's objects must print nothing (an unclosed generator whose ``finally``
   prints would otherwise print into another page's output).
 
+* Blocks inside admonitions (indented) count too.
+
 Each page is one test: ``pytest tests/test_docs.py -k tutorial/batch.md``. Tracebacks point at
-the line of the Markdown file.
+the line of the Markdown file. The pages are skipped on Python 3.10, which does not print the
+exception notes the pages show. Two more checks: every name in ``pipeflow.__all__`` has a
+``::: ...`` entry in ``docs/reference/``, and the harness itself fails pages that break the
+rules above.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 OUTPUT_MARKER = "<!-- output -->"
 REFUSED_TAGS = {"py", "py3", "python3", "pycon", "pytb", "ipython", "Python"}
+CLEANUP_GRACE = 5.0  # seconds for the threads and processes of a page to finish
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*)$")
 
 
@@ -137,7 +143,7 @@ def check_output(path: Path, block: Block, got: str, shown: Block | None) -> Non
 
 
 def wait_for_cleanup(threads_before: set[threading.Thread], path: Path) -> None:
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + CLEANUP_GRACE
     while True:
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
         children = multiprocessing.active_children()  # also reaps the finished ones
@@ -156,20 +162,15 @@ def test_there_are_pages() -> None:
     assert len(PAGES) > 10
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 11),
-    reason="the pages show exception notes (PEP 678), which Python 3.10 does not print",
-)
-@pytest.mark.parametrize("path", PAGES, ids=page_id)
-def test_page_examples(path: Path) -> None:
+def run_page(path: Path, module_name: str) -> None:
+    """Run every python block of the page at *path*, checking what it prints."""
     blocks = parse_blocks(path)
     # A module per page: functions and classes defined in examples get a real __module__, so
     # pickle can find them by name (as it would in a user's script).
-    name = "docs_" + re.sub(r"\W", "_", page_id(path).removesuffix(".md"))
-    module = types.ModuleType(name)
+    module = types.ModuleType(module_name)
     module.__file__ = str(path)
     namespace = module.__dict__
-    sys.modules[name] = module
+    sys.modules[module_name] = module
     threads_before = set(threading.enumerate())
     try:
         for k, block in enumerate(blocks):
@@ -191,7 +192,7 @@ def test_page_examples(path: Path) -> None:
             else:
                 check_output(path, block, run_plain(block, path, namespace), shown)
     finally:
-        del sys.modules[name]
+        del sys.modules[module_name]
         # Free what the page made (unfinished generators run their `finally` now), and make
         # sure that nothing prints late, into another page's output.
         late = io.StringIO()
@@ -201,6 +202,15 @@ def test_page_examples(path: Path) -> None:
     if late.getvalue():
         pytest.fail(f"{path}: printed when its objects were freed:\n{late.getvalue()}")
     wait_for_cleanup(threads_before, path)
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="the pages show exception notes (PEP 678), which Python 3.10 does not print",
+)
+@pytest.mark.parametrize("path", PAGES, ids=page_id)
+def test_page_examples(path: Path) -> None:
+    run_page(path, "docs_" + re.sub(r"\W", "_", page_id(path).removesuffix(".md")))
 
 
 def test_reference_covers_every_public_name() -> None:
@@ -227,3 +237,45 @@ def test_the_harness_reads_fences_and_markers(tmp_path: Path) -> None:
         ("bash", "ls\n", False),
     ]
     assert blocks[0].lineno == 4
+
+
+BAD_PAGES = {
+    "wrong output": "```python\nprint(1)\n```\n\n<!-- output -->\n```text\n2\n```\n",
+    "unshown output": "```python\nprint(1)\n```\n",
+    "wrong doctest": "```python\n>>> 1 + 1\n3\n```\n",
+    "a py tag": "```py\nx = 1\n```\n",
+    "an error": "```python\nraise KeyError('x')\n```\n",
+    "a marker without a block": "<!-- output -->\nText\n",
+    "an output block after a doctest": (
+        "```python\n>>> print(1)\n1\n```\n\n<!-- output -->\n```text\n1\n```\n"
+    ),
+    "a late print": "```python\ndef g():\n    try:\n        yield 1\n    finally:\n"
+    "        print('late')\n\n\nit = g()\nnext(it)\n```\n",
+    "a thread left running": "```python\nimport sys\nimport threading\n\n"
+    f"release = sys.modules[{__name__!r}].RELEASE\n"
+    "threading.Thread(target=release.wait, daemon=True).start()\n```\n",
+}
+RELEASE = threading.Event()  # lets the thread of the "thread left running" page finish
+
+
+@pytest.mark.parametrize("text", BAD_PAGES.values(), ids=BAD_PAGES.keys())
+def test_the_harness_fails_pages_with(text: str, tmp_path: Path, monkeypatch) -> None:
+    page = tmp_path / "bad.md"
+    page.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "CLEANUP_GRACE", 0.1)
+    RELEASE.clear()
+    try:
+        with pytest.raises((pytest.fail.Exception, KeyError)):
+            run_page(page, "docs_bad_page")
+    finally:
+        RELEASE.set()
+
+
+def test_the_harness_passes_a_good_page(tmp_path: Path) -> None:
+    page = tmp_path / "good.md"
+    page.write_text(
+        "```python\nx = 2\nprint(x)\n```\n\n<!-- output -->\n```text\n2\n```\n\n"
+        "```python\n>>> x + 1\n3\n```\n\n```bash\nexit 1\n```\n",
+        encoding="utf-8",
+    )
+    run_page(page, "docs_good_page")

@@ -18,6 +18,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -104,39 +105,45 @@ class ProcessPool:
         self._rr = itertools.cycle(range(workers))
         if self.method == "fork":
             payload, init = job, worker_init
-        else:
+            if "numpy" in sys.modules:  # each worker seeds it: import it once, here, not in each
+                import numpy.random  # noqa: F401
+        else:  # pickled once here, so an unpicklable fn fails before any worker starts
             payload = self._pickle(job, "fn")
             init = self._pickle(worker_init, "worker_init") if worker_init else None
-        self.conns: list[Any] = []
-        self.procs: list[Any] = []
-        # Freeze the heap before forking: the workers' garbage collector then never writes to
+        self.context = context
+        self.spawn_args = (payload, workers, base_seed, init, os.getpid())
+        self.conns: list[Any] = [None] * workers
+        self.procs: list[Any] = [None] * workers
+        self.by_fd: dict[int, int] = {}
+        self.sentinels: dict[int, int] = {}
+        _LIVE.add(self)
+
+    def _start(self, wid: int) -> None:
+        """Start worker *wid*. Workers start when first given a task, so the first one is
+        already working while the next one forks."""
+        payload, workers, base_seed, init, main_pid = self.spawn_args
+        here, there = self.context.Pipe(duplex=True)
+        proc = self.context.Process(  # type: ignore[attr-defined]
+            target=process_main,
+            args=(there, payload, wid, workers, base_seed, init, main_pid,
+                  _shm.segment_prefix(main_pid, self.pool_id, wid)),
+            name=f"pipeflow-{self.name}-{wid}",
+            daemon=True,
+        )
+        # Freeze the heap before forking: the worker's garbage collector then never writes to
         # the parent's objects, so their pages stay shared (copy-on-write would copy them).
         frozen = self.method == "fork"
         if frozen:
             gc.freeze()
         try:
-            for wid in range(workers):
-                here, there = context.Pipe(duplex=True)
-                proc = context.Process(
-                    target=process_main,
-                    args=(there, payload, wid, workers, base_seed, init, os.getpid(),
-                          _shm.segment_prefix(os.getpid(), self.pool_id, wid)),
-                    name=f"pipeflow-{name}-{wid}",
-                    daemon=True,
-                )
-                proc.start()
-                there.close()
-                self.conns.append(here)
-                self.procs.append(proc)
-        except BaseException:
-            self.close()
-            raise
+            proc.start()
         finally:
             if frozen:
                 gc.unfreeze()
-        self.by_fd = {c.fileno(): i for i, c in enumerate(self.conns)}
-        self.sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
-        _LIVE.add(self)
+            there.close()
+        self.conns[wid], self.procs[wid] = here, proc
+        self.by_fd[here.fileno()] = wid
+        self.sentinels[proc.sentinel] = wid
 
     def _pickle(self, obj: Any, what: str) -> bytes:
         try:
@@ -166,6 +173,8 @@ class ProcessPool:
         wid = self._choose()
         if wid is None:
             return False
+        if self.procs[wid] is None:
+            self._start(wid)
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
         try:
@@ -207,7 +216,7 @@ class ProcessPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = multiprocessing.connection.wait([*self.conns, *self.sentinels], left)
+            ready = multiprocessing.connection.wait([*self.by_fd_conns(), *self.sentinels], left)
             if not ready:
                 return None
             out: list[_Result] = []
@@ -231,6 +240,9 @@ class ProcessPool:
                 return out  # deliver what came first; a death shows up on the next call
             for wid in dead:
                 self._died(wid)
+
+    def by_fd_conns(self) -> list[Any]:
+        return [c for c in self.conns if c is not None]
 
     def _receive(self, wid: int, msg: bytes) -> _Result | None:
         pass_id, kind, seq, *rest = pickle.loads(msg)
@@ -301,7 +313,7 @@ class ProcessPool:
         parts = [
             f"{_what(o)} in worker {w} (pid {self.procs[w].pid})"
             for w, o in enumerate(self.outstanding)
-            if o
+            if o and self.procs[w] is not None
         ]
         return "; ".join(parts) or "nothing"
 
@@ -312,23 +324,25 @@ class ProcessPool:
             return
         self.closed = True
         _LIVE.discard(self)
-        for c in self.conns:
+        conns = [c for c in self.conns if c is not None]
+        procs = [p for p in self.procs if p is not None]
+        for c in conns:
             try:
                 c.send(None)
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + STOP_GRACE
-        for p in self.procs:
+        for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
+        for p in procs:
             if p.is_alive():
                 p.terminate()
-        for p in self.procs:
+        for p in procs:
             p.join(0.3)
             if p.is_alive():
                 p.kill()
                 p.join(0.3)
-        for c in self.conns:
+        for c in conns:
             try:
                 while c.poll():
                     msg = pickle.loads(c.recv_bytes())
@@ -337,7 +351,7 @@ class ProcessPool:
             except (EOFError, OSError):
                 pass
             c.close()
-        for p in self.procs:
+        for p in procs:
             if not p.is_alive():
                 p.close()
         _shm.sweep(self.prefix)

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipeflow._random import seed_sequence_state
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.loader import Context, Loader
@@ -51,6 +52,13 @@ class MapJob:
         self.fn = fn
         self.name = name
         self.stages = fn.stages if isinstance(fn, Stage) else None
+
+    def without_torch(self) -> None:
+        """In a worker that has not imported torch: collate to numpy, tensors on arrival."""
+        from pipeflow.parallel._deferred import defer_tensors
+
+        if self.stages is not None:
+            self.stages = defer_tensors(self.stages)
 
     @property
     def dataset(self) -> Any:
@@ -107,6 +115,12 @@ class SourceJob:
     def dataset(self) -> Any:
         return getattr(self.loader.source, "iterable", None)
 
+    def without_torch(self) -> None:
+        """In a worker that has not imported torch: collate to numpy, tensors on arrival."""
+        from pipeflow.parallel._deferred import defer_tensors
+
+        self.loader = Loader(self.loader.source, defer_tensors(self.loader.stages))
+
     def clone(self) -> SourceJob:
         """A replica with its own iterator (one per thread worker)."""
         return SourceJob(Loader(self.loader.source, self.loader.stages), self.name)
@@ -133,7 +147,8 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     np = sys.modules.get("numpy")
     if np is not None:
         # torch's scheme: numpy gets SeedSequence([worker_id, base_seed]) words.
-        np.random.seed(np.random.SeedSequence([worker_id, base_seed]).generate_state(4))
+        words = seed_sequence_state([worker_id, base_seed])
+        np.random.seed(np.array(words, dtype=np.uint32))
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
@@ -203,6 +218,8 @@ def process_main(
             job = pickle.loads(job)
         if isinstance(worker_init, bytes):
             worker_init = pickle.loads(worker_init)
+        if "torch" not in sys.modules:
+            job.without_torch()
         seed = seed_worker(base_seed, worker_id)
         info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
         set_process_worker_info(info)

@@ -1,0 +1,91 @@
+"""Time to first batch, with fork and with spawn, each measured in a fresh interpreter.
+
+Run: ``python -m benchmarks.startup [--quick]`` from the repository root. The child
+(``python -m benchmarks.startup --child KIND METHOD``) imports torch only for torch's loader,
+as a user's script would only import what it uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks._harness import Row, median, table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(kind: str, method: str) -> None:
+    """Build a 2-worker loader over a numpy dataset and time iter() + next().
+
+    Both scripts import torch up front, as a training script does; what differs is what the
+    workers must import when they start (spawn) and what they inherit (fork).
+    """
+    import torch  # noqa: F401
+
+    from benchmarks.datasets import Points
+
+    ds = Points(10_000)
+    if kind == "torch":
+        import torch.utils.data as tud
+
+        loader = tud.DataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context=method)
+    else:
+        import pipeflow as pf
+
+        loader = (
+            pf.indices(ds)
+            | pf.batch(64)
+            | pf.parallel_map(pf.fetch(ds) | pf.collate(), workers=2, backend="process",
+                              mp_context=method)
+        )
+    start = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    elapsed = time.perf_counter() - start
+    del it
+    print(json.dumps({"seconds": elapsed}))
+
+
+def measure(kind: str, method: str) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.startup", "--child", kind, method],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+
+
+def run(quick: bool) -> list[Row]:
+    reps = 3 if quick else 7
+    rows = []
+    for method, target in (("fork", "<= 0.5x"), ("spawn", "<= 0.1x")):
+        times: dict[str, list[float]] = {"pipeflow": [], "torch": []}
+        for rep in range(reps):
+            for kind in ("pipeflow", "torch") if rep % 2 == 0 else ("torch", "pipeflow"):
+                times[kind].append(measure(kind, method))
+        rows.append(Row(f"time to first batch, 2 workers, {method}", "seconds",
+                        median(times["pipeflow"]), median(times["torch"]), target,
+                        higher_is_better=False, samples=times))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "METHOD"))
+    args = parser.parse_args(argv)
+    if args.child:
+        child(*args.child)
+        return 0
+    print(table(run(args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

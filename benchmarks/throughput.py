@@ -1,0 +1,153 @@
+"""Throughput: samples/s (or MB/s) of pipeflow and torch's DataLoader on the same data.
+
+Run: ``python -m benchmarks.throughput [--quick]`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+
+import pipeflow as pf
+from benchmarks import datasets as D
+from benchmarks._harness import Row, compare, median, table
+
+
+def _row(name: str, unit: str, rates: dict[str, list[float]], target: str, note: str = "") -> Row:
+    return Row(name, unit, median(rates["pipeflow"]), median(rates["torch"]), target, note,
+               samples=rates)
+
+
+def single_process(quick: bool) -> list[Row]:
+    """num_workers=0, batch 64, in-memory rows: the cost of the loader itself."""
+    n = 20_000 if quick else 100_000
+    rows = []
+    for cls, target in ((D.Points, ">= 3x"), (D.PointsBatched, ">= 10x")):
+        ds = cls(n)
+        rates = compare(
+            {
+                "pipeflow": lambda ds=ds: pf.DataLoader(ds, batch_size=64, shuffle=True),
+                "torch": lambda ds=ds: tud.DataLoader(ds, batch_size=64, shuffle=True),
+            },
+            reps=5 if quick else 9,
+        )
+        kind = "__getitems__" if cls is D.PointsBatched else "__getitem__"
+        rows.append(_row(f"num_workers=0, {kind}, batch 64", "samples/s", rates, target))
+    return rows
+
+
+def cpu_numpy(quick: bool) -> list[Row]:
+    """~1 ms/sample of numpy (releases the GIL), 2 workers: pipeflow threads vs torch processes."""
+    n = 600 if quick else 2000
+    ds = D.NumpyAugment(n)
+    t1 = D.time_per_sample(ds)
+    work = pf.fetch(ds) | pf.collate()
+    rates = compare(
+        {
+            "pipeflow": lambda: pf.indices(ds) | pf.shuffle(seed=0) | pf.batch(16)
+            | pf.parallel_map(work, workers=2, backend="thread", persistent=True),
+            "torch": lambda: tud.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
+                                            persistent_workers=True),
+        },
+        reps=3 if quick else 5,
+    )
+    ideal = 2 / t1
+    note = (f"1 core: {t1 * 1e3:.2f} ms/sample; 2-core ideal {ideal:,.0f}/s; "
+            f"pipeflow at {median(rates['pipeflow']) / ideal:.0%} of it (target >= 90%)")
+    return [_row("CPU numpy ~1 ms/sample, 2 workers (threads)", "samples/s", rates,
+                 ">= 1.2x", note)]
+
+
+def cpu_python(quick: bool) -> list[Row]:
+    """~1 ms/sample of pure Python (holds the GIL), 2 process workers each."""
+    n = 400 if quick else 1500
+    ds = D.PythonWork(n)
+    t1 = D.time_per_sample(ds)
+    rates = compare(
+        {
+            "pipeflow": lambda: pf.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
+                                              persistent_workers=True),
+            "torch": lambda: tud.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
+                                            persistent_workers=True),
+        },
+        reps=3 if quick else 5,
+    )
+    note = f"1 core: {t1 * 1e3:.2f} ms/sample; 2-core ideal {2 / t1:,.0f}/s"
+    return [_row("CPU pure Python ~1 ms/sample, 2 processes", "samples/s", rates, ">= 1.0x",
+                 note)]
+
+
+def io_latency(quick: bool) -> list[Row]:
+    """5 ms latency per sample: pipeflow threads, 32 in flight, vs torch with 16 workers."""
+    n = 2000 if quick else 6000
+    ds = D.Remote(n)
+    rates = compare(
+        {
+            "pipeflow": lambda: pf.indices(ds) | pf.shuffle(seed=0)
+            | pf.parallel_map(pf.fetch(ds), workers=32, backend="thread", max_in_flight=32,
+                              persistent=True)
+            | pf.batch(64) | pf.collate(),
+            "torch": lambda: tud.DataLoader(ds, batch_size=64, shuffle=True, num_workers=16,
+                                            persistent_workers=True),
+        },
+        reps=3,
+    )
+    return [_row("I/O 5 ms/sample: 32 threads vs 16 workers", "samples/s", rates, ">= 5x",
+                 "ideal: 32 in flight = 6,400/s; 16 workers = 3,200/s")]
+
+
+def large_samples(quick: bool) -> list[Row]:
+    """3x224x224 float32 samples from 2 process workers, batch 32: MB/s delivered."""
+    n = 640 if quick else 2560
+    ds = D.Images(n)
+    nbytes = 3 * 224 * 224 * 4
+    rates = compare(
+        {
+            "pipeflow": lambda: pf.DataLoader(ds, batch_size=32, num_workers=2,
+                                              persistent_workers=True),
+            "torch": lambda: tud.DataLoader(ds, batch_size=32, num_workers=2,
+                                            persistent_workers=True),
+        },
+        reps=3 if quick else 5,
+        nbytes=nbytes,
+    )
+    return [_row("large samples 3x224x224 f32, 2 processes", "MB/s", rates, ">= 2x")]
+
+
+WORKLOADS = {
+    "single": single_process,
+    "numpy": cpu_numpy,
+    "python": cpu_python,
+    "io": io_latency,
+    "large": large_samples,
+}
+
+
+def run(quick: bool, only: list[str] | None = None) -> list[Row]:
+    """Every throughput workload (or *only* those named)."""
+    torch.set_num_threads(1)
+    rows: list[Row] = []
+    for name, fn in WORKLOADS.items():
+        if only and name not in only:
+            continue
+        rows.extend(fn(quick))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("only", nargs="*", choices=[*WORKLOADS, []], default=None)
+    args = parser.parse_args(argv)
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} cores")
+    print(table(run(args.quick, args.only or None)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
