@@ -7,15 +7,16 @@ measures how much memory one epoch adds, for ``torch.utils.data.DataLoader`` and
 ``pf.DataLoader`` with the same arguments (batch size 64, 2 workers, fork, shuffle).
 
 Each loader runs in a fresh subprocess (so neither inherits the other's heap), which this
-process samples from outside every 20 ms, summing over the subprocess and all its descendants.
+process samples from outside every 50 ms, summing over the subprocess and all its descendants.
 
 The metric is PSS of anonymous and shared-memory pages (``Pss_Anon + Pss_Shmem`` in
 ``/proc/<pid>/smaps_rollup``):
 
 - PSS charges a page shared by *k* processes 1/*k* to each, so the sum over the process tree
   counts every physical page once: a page that the fork shares adds nothing, a page a worker
-  copies adds 4 KiB, whichever process reads it. RSS would count shared pages once per worker;
-  USS (the private pages) would miss memory that is still shared but was not before.
+  copies adds 4 KiB. RSS would count a shared page once per process. USS (private pages) can't
+  be compared before and after: the fork turns the main process's private pages into shared
+  ones, so the sum drops although nothing was freed.
 - File-backed pages (``libtorch_cpu.so``, ...) are left out: they are clean page cache that the
   kernel can drop, and their PSS moves whenever an unrelated process maps the same library.
 - ``Private_Dirty`` of the workers is shown too: pages that exist in one worker only, that is
@@ -25,9 +26,12 @@ The metric is PSS of anonymous and shared-memory pages (``Pss_Anon + Pss_Shmem``
 still alive) minus the same sum just before ``iter(loader)``, so it includes starting the workers.
 "Dataset" is what building the list added to the subprocess. Run::
 
-    python benchmarks/memory.py            # 300k items, about a minute
-    python benchmarks/memory.py --quick    # 100k items
-    python benchmarks/memory.py --variants # also the experiments behind the results
+    python benchmarks/memory.py             # 300k items, about a minute
+    python benchmarks/memory.py --quick     # 100k items, about 25 s
+    python benchmarks/memory.py --variants  # also the experiments (EXPERIMENTS, FLAGS)
+    python benchmarks/memory.py --only pipeflow+full-gc torch+full-gc  # torch and these
+
+``run(quick)`` returns the rows, for a ``python -m pipeflow bench`` driver.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import random
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -82,8 +87,8 @@ EXPERIMENTS = (
     "torch+serialized",
 )
 FLAGS = {
-    "serialized": "the same items pickled into one byte buffer (pf.shared_list if pipeflow "
-    "has it, else the stand-in below); the dataset class is unchanged",
+    "serialized": "the items pickled into one byte buffer (pf.shared_list if pipeflow has it, "
+    "else this file's Serialized); the dataset class is unchanged",
     "no-freeze": "pipeflow's gc.freeze()/gc.unfreeze() around the fork disabled",
     "keep-frozen": "pipeflow's gc.unfreeze() after the fork disabled: the parent stays frozen",
     "user-freeze": "the user calls gc.freeze() just before iter(loader)",
@@ -91,7 +96,7 @@ FLAGS = {
     "switch": "sys.setswitchinterval(1.0) in each worker (worker_init_fn)",
     "forkserver": "multiprocessing_context='forkserver': the dataset is pickled to each worker",
     "no-shuffle": "shuffle=False (every other run shuffles)",
-    "full-gc": "one full gc.collect() in each process during the epoch, as a long run has",
+    "full-gc": "one full gc.collect() in each process during the epoch (a long run has them)",
     "recycle": "workers replaced by fresh forks every 64 batches (emulated: a pool per chunk)",
     "no-touch": "control: __getitem__ returns numbers without reading the list",
     "threads": "backend='thread': pf.parallel_map on threads, no fork",
@@ -384,10 +389,16 @@ class _Lines:
 
 def measure(variant: str, n: int, *, timeout: float = 600.0) -> dict[str, Any]:
     """Run *variant* over *n* items in a fresh subprocess; return its row (bytes, seconds)."""
+    _parse(variant)
+    with tempfile.TemporaryFile() as errors:  # a pipe could fill up and block the subprocess
+        return _measure(variant, n, timeout, errors)
+
+
+def _measure(variant: str, n: int, timeout: float, errors: Any) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--items", str(n)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env
     )
     assert proc.stdin is not None
     assert proc.stdout is not None
@@ -408,7 +419,9 @@ def measure(variant: str, n: int, *, timeout: float = 600.0) -> dict[str, Any]:
                     raise RuntimeError(f"{variant}: expected {event!r}, got {msg!r}")
                 return msg  # type: ignore[no-any-return]
         proc.kill()
-        err = proc.communicate()[1].decode(errors="replace")
+        proc.wait()
+        errors.seek(0)
+        err = errors.read().decode(errors="replace")
         raise RuntimeError(f"{variant}: no {event!r} from the subprocess:\n{err[-3000:]}")
 
     def go() -> None:
@@ -435,6 +448,8 @@ def measure(variant: str, n: int, *, timeout: float = 600.0) -> dict[str, Any]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
     return {
         "variant": variant,
         "items": n,

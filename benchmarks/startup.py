@@ -41,8 +41,9 @@ def child(kind: str, method: str) -> None:
         loader = (
             pf.indices(ds)
             | pf.batch(64)
-            | pf.parallel_map(pf.fetch(ds) | pf.collate(), workers=2, backend="process",
-                              mp_context=method)
+            | pf.parallel_map(
+                pf.fetch(ds) | pf.collate(), workers=2, backend="process", mp_context=method
+            )
         )
     start = time.perf_counter()
     it = iter(loader)
@@ -53,10 +54,18 @@ def child(kind: str, method: str) -> None:
 
 
 def measure(kind: str, method: str) -> float:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.startup", "--child", kind, method],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout
     return float(json.loads(out.strip().splitlines()[-1])["seconds"])
 
@@ -69,9 +78,17 @@ def run(quick: bool) -> list[Row]:
         for rep in range(reps):
             for kind in ("pipeflow", "torch") if rep % 2 == 0 else ("torch", "pipeflow"):
                 times[kind].append(measure(kind, method))
-        rows.append(Row(f"time to first batch, 2 workers, {method}", "seconds",
-                        median(times["pipeflow"]), median(times["torch"]), target,
-                        higher_is_better=False, samples=times))
+        rows.append(
+            Row(
+                f"time to first batch, 2 workers, {method}",
+                "seconds",
+                median(times["pipeflow"]),
+                median(times["torch"]),
+                target,
+                higher_is_better=False,
+                samples=times,
+            )
+        )
     return rows
 
 

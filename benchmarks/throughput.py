@@ -8,26 +8,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 import torch
 import torch.utils.data as tud
 
 import pipeflow as pf
-from benchmarks import datasets as D
+from benchmarks import datasets as data
 from benchmarks._harness import Row, compare, median, table
 
 
 def _row(name: str, unit: str, rates: dict[str, list[float]], target: str, note: str = "") -> Row:
-    return Row(name, unit, median(rates["pipeflow"]), median(rates["torch"]), target, note,
-               samples=rates)
+    return Row(
+        name, unit, median(rates["pipeflow"]), median(rates["torch"]), target, note, samples=rates
+    )
 
 
 def single_process(quick: bool) -> list[Row]:
     """num_workers=0, batch 64, in-memory rows: the cost of the loader itself."""
     n = 20_000 if quick else 100_000
     rows = []
-    for cls, target in ((D.Points, ">= 3x"), (D.PointsBatched, ">= 10x")):
+    for cls, target in ((data.Points, ">= 3x"), (data.PointsBatched, ">= 10x")):
         ds = cls(n)
         rates = compare(
             {
@@ -36,7 +36,7 @@ def single_process(quick: bool) -> list[Row]:
             },
             reps=5 if quick else 9,
         )
-        kind = "__getitems__" if cls is D.PointsBatched else "__getitem__"
+        kind = "__getitems__" if cls is data.PointsBatched else "__getitem__"
         rows.append(_row(f"num_workers=0, {kind}, batch 64", "samples/s", rates, target))
     return rows
 
@@ -44,74 +44,98 @@ def single_process(quick: bool) -> list[Row]:
 def cpu_numpy(quick: bool) -> list[Row]:
     """~1 ms/sample of numpy (releases the GIL), 2 workers: pipeflow threads vs torch processes."""
     n = 600 if quick else 2000
-    ds = D.NumpyAugment(n)
-    t1 = D.time_per_sample(ds)
+    ds = data.NumpyAugment(n)
+    t1 = data.time_per_sample(ds)
     work = pf.fetch(ds) | pf.collate()
     rates = compare(
         {
-            "pipeflow": lambda: pf.indices(ds) | pf.shuffle(seed=0) | pf.batch(16)
-            | pf.parallel_map(work, workers=2, backend="thread", persistent=True),
-            "torch": lambda: tud.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
-                                            persistent_workers=True),
+            "pipeflow": lambda: (
+                pf.indices(ds)
+                | pf.shuffle(seed=0)
+                | pf.batch(16)
+                | pf.parallel_map(work, workers=2, backend="thread", persistent=True)
+            ),
+            "torch": lambda: tud.DataLoader(
+                ds, batch_size=16, shuffle=True, num_workers=2, persistent_workers=True
+            ),
         },
         reps=3 if quick else 5,
     )
     ideal = 2 / t1
-    note = (f"1 core: {t1 * 1e3:.2f} ms/sample; 2-core ideal {ideal:,.0f}/s; "
-            f"pipeflow at {median(rates['pipeflow']) / ideal:.0%} of it (target >= 90%)")
-    return [_row("CPU numpy ~1 ms/sample, 2 workers (threads)", "samples/s", rates,
-                 ">= 1.2x", note)]
+    note = (
+        f"1 core: {t1 * 1e3:.2f} ms/sample; 2-core ideal {ideal:,.0f}/s; "
+        f"pipeflow at {median(rates['pipeflow']) / ideal:.0%} of it (target >= 90%)"
+    )
+    return [
+        _row("CPU numpy ~1 ms/sample, 2 workers (threads)", "samples/s", rates, ">= 1.2x", note)
+    ]
 
 
 def cpu_python(quick: bool) -> list[Row]:
     """~1 ms/sample of pure Python (holds the GIL), 2 process workers each."""
     n = 400 if quick else 1500
-    ds = D.PythonWork(n)
-    t1 = D.time_per_sample(ds)
+    ds = data.PythonWork(n)
+    t1 = data.time_per_sample(ds)
     rates = compare(
         {
-            "pipeflow": lambda: pf.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
-                                              persistent_workers=True),
-            "torch": lambda: tud.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2,
-                                            persistent_workers=True),
+            "pipeflow": lambda: pf.DataLoader(
+                ds, batch_size=16, shuffle=True, num_workers=2, persistent_workers=True
+            ),
+            "torch": lambda: tud.DataLoader(
+                ds, batch_size=16, shuffle=True, num_workers=2, persistent_workers=True
+            ),
         },
         reps=3 if quick else 5,
     )
     note = f"1 core: {t1 * 1e3:.2f} ms/sample; 2-core ideal {2 / t1:,.0f}/s"
-    return [_row("CPU pure Python ~1 ms/sample, 2 processes", "samples/s", rates, ">= 1.0x",
-                 note)]
+    return [_row("CPU pure Python ~1 ms/sample, 2 processes", "samples/s", rates, ">= 1.0x", note)]
 
 
 def io_latency(quick: bool) -> list[Row]:
     """5 ms latency per sample: pipeflow threads, 32 in flight, vs torch with 16 workers."""
     n = 2000 if quick else 6000
-    ds = D.Remote(n)
+    ds = data.Remote(n)
     rates = compare(
         {
-            "pipeflow": lambda: pf.indices(ds) | pf.shuffle(seed=0)
-            | pf.parallel_map(pf.fetch(ds), workers=32, backend="thread", max_in_flight=32,
-                              persistent=True)
-            | pf.batch(64) | pf.collate(),
-            "torch": lambda: tud.DataLoader(ds, batch_size=64, shuffle=True, num_workers=16,
-                                            persistent_workers=True),
+            "pipeflow": lambda: (
+                pf.indices(ds)
+                | pf.shuffle(seed=0)
+                | pf.parallel_map(
+                    pf.fetch(ds), workers=32, backend="thread", max_in_flight=32, persistent=True
+                )
+                | pf.batch(64)
+                | pf.collate()
+            ),
+            "torch": lambda: tud.DataLoader(
+                ds, batch_size=64, shuffle=True, num_workers=16, persistent_workers=True
+            ),
         },
         reps=3,
     )
-    return [_row("I/O 5 ms/sample: 32 threads vs 16 workers", "samples/s", rates, ">= 5x",
-                 "ideal: 32 in flight = 6,400/s; 16 workers = 3,200/s")]
+    return [
+        _row(
+            "I/O 5 ms/sample: 32 threads vs 16 workers",
+            "samples/s",
+            rates,
+            ">= 5x",
+            "ideal: 32 in flight = 6,400/s; 16 workers = 3,200/s",
+        )
+    ]
 
 
 def large_samples(quick: bool) -> list[Row]:
     """3x224x224 float32 samples from 2 process workers, batch 32: MB/s delivered."""
     n = 640 if quick else 2560
-    ds = D.Images(n)
+    ds = data.Images(n)
     nbytes = 3 * 224 * 224 * 4
     rates = compare(
         {
-            "pipeflow": lambda: pf.DataLoader(ds, batch_size=32, num_workers=2,
-                                              persistent_workers=True),
-            "torch": lambda: tud.DataLoader(ds, batch_size=32, num_workers=2,
-                                            persistent_workers=True),
+            "pipeflow": lambda: pf.DataLoader(
+                ds, batch_size=32, num_workers=2, persistent_workers=True
+            ),
+            "torch": lambda: tud.DataLoader(
+                ds, batch_size=32, num_workers=2, persistent_workers=True
+            ),
         },
         reps=3 if quick else 5,
         nbytes=nbytes,

@@ -25,7 +25,7 @@ from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
-from pipeflow.transforms import filter, map  # noqa: A004 - deliberate: pf.map, pf.filter
+from pipeflow.transforms import filter, map
 from pipeflow.worker_info import WorkerInfo, get_worker_info
 
 if TYPE_CHECKING:

@@ -15,7 +15,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--batch-size", type=int, default=64)
     demo.add_argument("--epochs", type=int, default=2)
     demo.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser(
+        "bench", help="pipeflow and torch.utils.data.DataLoader side by side (from a checkout)"
+    )
+    bench.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
+    bench.add_argument(
+        "suites", nargs="*", help="throughput, startup, memory (default: all)", default=[]
+    )
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return _bench(args.quick, args.suites)
     if args.command == "demo":
         from pipeflow.demo import run_demo
 
@@ -23,6 +32,30 @@ def main(argv: list[str] | None = None) -> int:
             samples=args.samples, batch_size=args.batch_size, epochs=args.epochs, seed=args.seed
         )
     return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _bench(quick: bool, suites: list[str]) -> int:
+    """Run the suites in ``benchmarks/`` (next to this package in a checkout)."""
+    import importlib
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__init__.py").is_file():
+        print("python -m pipeflow bench runs the benchmarks/ folder of a pipeflow checkout")
+        return 2
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(root), os.environ.get("PYTHONPATH")])
+    )
+    harness = importlib.import_module("benchmarks._harness")
+    rows = []
+    for name in suites or ["throughput", "startup", "memory"]:
+        module = importlib.import_module(f"benchmarks.{name}")
+        print(f"running {name} ...", flush=True)
+        rows.extend(module.run(quick))
+    print(harness.table(rows))
+    return 0
 
 
 if __name__ == "__main__":

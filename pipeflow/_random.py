@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, SupportsIndex
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,14 +21,14 @@ def fresh_seed() -> int:
 
 def check_seed(stage: str, seed: object) -> int:
     """Validate a user seed: a non-negative integer below 2**64."""
-    if isinstance(seed, bool) or not hasattr(seed, "__index__"):
+    if isinstance(seed, bool) or not isinstance(seed, SupportsIndex):
         msg = f"{stage}: seed must be an integer or None (got {seed!r})"
         raise TypeError(msg)
-    seed = seed.__index__()  # type: ignore[attr-defined]
-    if not 0 <= seed <= _MAX_SEED:
+    value = seed.__index__()
+    if not 0 <= value <= _MAX_SEED:
         msg = f"{stage}: seed must be between 0 and 2**64 - 1 (got {seed!r})"
         raise ValueError(msg)
-    return seed
+    return value
 
 
 def seed_words(seed: int, *keys: int) -> list[int]:

@@ -11,7 +11,7 @@ import functools
 import inspect
 import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 if TYPE_CHECKING:
     from pipeflow.loader import Context
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 #: How a stage changes the number of items: ``"same"`` (one out per one in), ``None`` (unknown
 #: before running), or a function of the upstream count and the stage's configuration.
-LengthRule = Union[Literal["same"], Callable[..., int], None]
+LengthRule = Literal["same"] | Callable[..., int] | None
 
 _repr = reprlib.Repr()
 _repr.maxstring = 40
@@ -33,9 +33,15 @@ _repr.maxlist = 6
 
 
 def _short(value: Any) -> str:
+    """A readable, bounded repr of one configuration value."""
+    if isinstance(value, Stage):
+        return repr(value)  # nested stages in full
     if callable(value) and hasattr(value, "__qualname__"):
         return str(value.__qualname__)
-    return _repr.repr(value)
+    text = repr(value)
+    if " object at 0x" in text:
+        return f"<{type(value).__qualname__}>"  # the class, not a truncated address
+    return text if len(text) <= 60 else _repr.repr(value)
 
 
 class Stage(Generic[In, Out]):
@@ -63,7 +69,7 @@ class Stage(Generic[In, Out]):
         [4, 8, 12]
     """
 
-    __slots__ = ("_config", "_fn", "_length", "_name", "_wants_epoch")
+    __slots__ = ("_config", "_factory", "_fn", "_length", "_name", "_wants_epoch")
 
     def __init__(
         self,
@@ -72,8 +78,10 @@ class Stage(Generic[In, Out]):
         config: Mapping[str, Any] | None = None,
         *,
         length: LengthRule = None,
+        factory: Callable[..., Stage[Any, Any]] | None = None,
     ) -> None:
         self._fn = fn
+        self._factory = factory
         self._name = name
         self._config: dict[str, Any] = dict(config or {})
         self._wants_epoch = _takes_keyword(fn, "epoch")
@@ -116,7 +124,7 @@ class Stage(Generic[In, Out]):
             return None
         if rule == "same":
             return n
-        return rule(n, **self._config)  # type: ignore[operator]
+        return rule(n, **self._config)
 
     def close(self) -> None:
         """Release anything the stage holds across epochs (nothing, for most stages)."""
@@ -162,7 +170,13 @@ class Stage(Generic[In, Out]):
         object.__setattr__(self, name, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self._factory is not None:  # a @stage function: rebuilt by its factory
+            return (_call_factory, (self._factory, self._config))
         return (_rebuild, (type(self), self._fn, self._name, self._config, self._length))
+
+
+def _call_factory(factory: Callable[..., Stage[Any, Any]], config: dict[str, Any]) -> Any:
+    return factory(**config)
 
 
 def _rebuild(
@@ -190,6 +204,7 @@ class Pipe(Stage[In, Out]):
     """Stages composed with ``|``: a flat, associative sequence of primitive stages."""
 
     __slots__ = ("_stages",)
+    _stages: tuple[Stage[Any, Any], ...]
 
     def __init__(self, stages: tuple[Stage[Any, Any], ...]) -> None:
         object.__setattr__(self, "_stages", stages)
@@ -334,12 +349,10 @@ def _make_factory(
         except TypeError as e:
             raise TypeError(f"stage {stage_name!r}: {e}") from None
         bound.apply_defaults()
-        return Stage(fn, stage_name, _flatten(bound), length=length)
+        # The stage pickles as "call this factory again": the factory has the function's
+        # name in its module, so pickle finds it by reference.
+        return Stage(fn, stage_name, _flatten(bound), length=length, factory=factory)
 
-    # Keep the generator function reachable for pickle at ``<factory>.__wrapped__``: the
-    # factory takes its name in the module, so pickling by reference must look there.
-    fn.__qualname__ = f"{fn.__qualname__}.__wrapped__"
-    factory.__qualname__ = fn.__qualname__.removesuffix(".__wrapped__")
     return factory
 
 

@@ -540,8 +540,9 @@ def collate(fn: Callable[[Any], Any] | None = None) -> Stage[Any, Any]:
     Examples:
         >>> import pipeflow as pf
         >>> data = [(1.0, 0), (2.0, 1), (3.0, 0)]
-        >>> list(pf.indices(3) | pf.batch(2) | pf.fetch(data) | pf.collate())
-        [[tensor([1., 2.], dtype=torch.float64), tensor([0, 1])], [tensor([3.], dtype=torch.float64), tensor([0])]]
+        >>> x, y = next(iter(pf.indices(3) | pf.batch(2) | pf.fetch(data) | pf.collate()))
+        >>> x, y
+        (tensor([1., 2.], dtype=torch.float64), tensor([0, 1]))
         >>> pf.collate()
         collate()
     """

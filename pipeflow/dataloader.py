@@ -136,7 +136,7 @@ class DataLoader(tud.DataLoader[T_co]):
         }
         loader: Loader[Any]
         if self._dataset_kind == _DatasetKind.Iterable:
-            loader = from_iterable(self.dataset)
+            loader = from_iterable(self.dataset)  # type: ignore[arg-type]
             if self.batch_size is not None:
                 loader = loader | batch(self.batch_size, drop_last=self.drop_last)
             loader = loader | collate(collate_fn)
@@ -213,4 +213,4 @@ class DataLoader(tud.DataLoader[T_co]):
 def _pin(data: Any) -> Any:
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    return pin_memory(data)
+    return pin_memory(data)  # type: ignore[no-untyped-call]

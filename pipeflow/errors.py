@@ -6,6 +6,7 @@ names the stage, the item or sample indices, and the epoch, and lets it propagat
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -138,7 +139,5 @@ def _add_note(exc: BaseException, note: str) -> None:
     else:  # pragma: no cover - Python 3.10
         notes = list(getattr(exc, "__notes__", []))
         notes.append(note)
-        try:
+        with contextlib.suppress(AttributeError):
             exc.__notes__ = notes  # type: ignore[attr-defined]
-        except AttributeError:
-            pass

@@ -44,9 +44,7 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
     return Stage(_fetch, "fetch", {"dataset": dataset, "batched": batched}, length="same")
 
 
-def _fetch(
-    keys: Iterable[Any], dataset: Any, batched: bool | None, *, epoch: int
-) -> Iterator[Any]:
+def _fetch(keys: Iterable[Any], dataset: Any, batched: bool | None, *, epoch: int) -> Iterator[Any]:
     getitem = dataset.__getitem__
     getitems = getattr(dataset, "__getitems__", None) or None
     index: Any = None
@@ -63,7 +61,7 @@ def _fetch(
                     index = None
                     yield getitems(key)
                     continue
-                out = []
+                out: list[Any] = []
                 append = out.append
                 for index in key:
                     append(getitem(index))

@@ -203,7 +203,9 @@ def _drive(chain: list[Iterator[Any]]) -> Iterator[Any]:
 
 def _close_all(chain: list[Iterator[Any]]) -> None:
     for link in reversed(chain):
-        link.close()  # type: ignore[attr-defined]
+        close = getattr(link, "close", None)
+        if close is not None:
+            close()
 
 
 def _watch(it: Iterator[Any], name: str, context: Context) -> Iterator[Any]:

@@ -6,10 +6,10 @@ already iterable, and ``source | stage`` extends it.
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
+from pipeflow._stage import _short
 from pipeflow.errors import PipeflowError
 from pipeflow.loader import Context, Loader, Source
 
@@ -94,7 +94,7 @@ class _FromSampler(Source[Any]):
         return len(self.sampler) if isinstance(self.sampler, Sized) else None
 
     def describe(self) -> str:
-        return f"from_sampler({reprlib.repr(self.sampler)})"
+        return f"from_sampler({_short(self.sampler)})"
 
 
 def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
@@ -156,7 +156,7 @@ class _FromIterable(Source[Any]):
         return None
 
     def describe(self) -> str:
-        return f"from_iterable({reprlib.repr(self.iterable)})"
+        return f"from_iterable({_short(self.iterable)})"
 
 
 def from_iterable(iterable: Iterable[T]) -> Loader[T]:
@@ -176,7 +176,7 @@ def from_iterable(iterable: Iterable[T]) -> Loader[T]:
         >>> list(loader)
         Traceback (most recent call last):
         ...
-        pipeflow.errors.PipeflowError: from_iterable: the source is a one-shot iterator (generator) already consumed by epoch 0, so epoch 1 would be silently empty; pass a re-iterable (a list, a dataset, an object whose __iter__ starts afresh)
+        pipeflow.errors.PipeflowError: from_iterable: the source is a one-shot iterator ...
     """
     if not isinstance(iterable, Iterable) and not hasattr(iterable, "__getitem__"):
         msg = f"from_iterable: expected an iterable (got {type(iterable).__name__})"

@@ -20,7 +20,7 @@ def _check_callable(stage: str, name: str, fn: Any) -> None:
         raise TypeError(msg)
 
 
-def map(fn: Callable[[T], U]) -> Stage[T, U]:  # noqa: A001 - pipeflow.map mirrors builtins.map
+def map(fn: Callable[[T], U]) -> Stage[T, U]:
     """Apply *fn* to every item.
 
     For process workers, make *fn* a module-level function or a frozen dataclass so it pickles.
@@ -41,7 +41,7 @@ def _map(items: Iterable[T], fn: Callable[[T], U]) -> Iterator[U]:
     return builtins.map(fn, items)
 
 
-def filter(predicate: Callable[[T], Any]) -> Stage[T, T]:  # noqa: A001 - mirrors builtins.filter
+def filter(predicate: Callable[[T], Any]) -> Stage[T, T]:
     """Keep the items for which *predicate* is true.
 
     The loader loses its ``len()`` after a filter: how many items pass is only known by

@@ -51,8 +51,13 @@ def die(how: str) -> None:
         for _ in it:
             pass
     except Exception as e:
-        say(event="error", type=type(e).__name__, msg=str(e), elapsed=time.monotonic() - start,
-            runtime_error=isinstance(e, RuntimeError))
+        say(
+            event="error",
+            type=type(e).__name__,
+            msg=str(e),
+            elapsed=time.monotonic() - start,
+            runtime_error=isinstance(e, RuntimeError),
+        )
     say(event="done", workers=sorted(children()))
 
 
@@ -75,15 +80,17 @@ def early(how: str) -> None:
     deadline = time.monotonic() + 2
     while (children() or threading.active_count() > 1) and time.monotonic() < deadline:
         time.sleep(0.02)
-    say(event="done", workers=sorted(children()), threads=threading.active_count(),
-        elapsed=time.monotonic() - start)
+    say(
+        event="done",
+        workers=sorted(children()),
+        threads=threading.active_count(),
+        elapsed=time.monotonic() - start,
+    )
 
 
 def interrupt() -> None:
     loader = pf.indices(10_000) | pf.parallel_map(slow_square, workers=2, backend="process")
-    n = 0
-    for _ in loader:
-        n += 1
+    for n, _ in enumerate(loader, 1):
         if n == 3:
             say(event="started", workers=sorted(children()))
 
@@ -107,8 +114,9 @@ def orphan() -> None:
 
 
 def stall() -> None:
-    loader = pf.indices(20) | pf.parallel_map(SleepAt(4, 3600), workers=2, backend="process",
-                                              timeout=0.5)
+    loader = pf.indices(20) | pf.parallel_map(
+        SleepAt(4, 3600), workers=2, backend="process", timeout=0.5
+    )
     start = time.monotonic()
     it = iter(loader)
     next(it)

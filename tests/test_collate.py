@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import importlib
 import os
 import subprocess
 import sys
@@ -20,10 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import importlib
+from pipeflow.collate import default_collate, default_convert
 
 pf_collate = importlib.import_module("pipeflow.collate")  # the module (pf.collate is the stage)
-from pipeflow.collate import default_collate, default_convert
 
 torch_collate = torch.utils.data.default_collate
 torch_convert = torch.utils.data.default_convert

@@ -440,8 +440,10 @@ def test_loaders_pickle_and_keep_working() -> None:
     loader = pf.indices(7) | pf.shuffle(seed=2) | pf.batch(3) | pf.map(len)
     clone = pickle.loads(pickle.dumps(loader))
     assert list(clone) == list(loader)
-    assert repr(clone) == repr(loader) == (
-        "indices(7) | shuffle(seed=2) | batch(size=3, drop_last=False) | map(fn=len)"
+    assert (
+        repr(clone)
+        == repr(loader)
+        == ("indices(7) | shuffle(seed=2) | batch(size=3, drop_last=False) | map(fn=len)")
     )
 
 
@@ -464,7 +466,9 @@ def test_fetch_error_keeps_type_and_names_stage_index_and_batch() -> None:
     with pytest.raises(KeyError) as info:
         list(loader)
     notes = info.value.__notes__
-    assert notes == ["pipeflow: stage 'fetch' failed on sample index 6 (batch [4, 5, 6, 7], epoch 0)"]
+    assert notes == [
+        "pipeflow: stage 'fetch' failed on sample index 6 (batch [4, 5, 6, 7], epoch 0)"
+    ]
     assert info.traceback[-1].name == "__getitem__"  # the original traceback is kept
 
 

@@ -136,8 +136,12 @@ def test_same_batches_with_samplers() -> None:
                 return tud.WeightedRandomSampler([1.0] * 20, 15, generator=g)
             return tud.RandomSampler(ds, replacement=True, num_samples=13, generator=g)
 
-        ours = pf.DataLoader(ds, batch_size=4, sampler=make_sampler(torch.Generator().manual_seed(1)))
-        ref = tud.DataLoader(ds, batch_size=4, sampler=make_sampler(torch.Generator().manual_seed(1)))
+        ours = pf.DataLoader(
+            ds, batch_size=4, sampler=make_sampler(torch.Generator().manual_seed(1))
+        )
+        ref = tud.DataLoader(
+            ds, batch_size=4, sampler=make_sampler(torch.Generator().manual_seed(1))
+        )
         assert_same_epochs(ours, ref, epochs=3)
 
 
@@ -153,7 +157,9 @@ def test_same_batches_with_batch_sampler() -> None:
     )
     # Any iterable of index lists is a batch sampler, tuples included.
     plain = [(0, 1), (5, 2, 3)]
-    assert_same_epochs(pf.DataLoader(ds, batch_sampler=plain), tud.DataLoader(ds, batch_sampler=plain))
+    assert_same_epochs(
+        pf.DataLoader(ds, batch_sampler=plain), tud.DataLoader(ds, batch_sampler=plain)
+    )
 
 
 def test_same_batches_without_a_generator_from_the_global_rng() -> None:
@@ -252,7 +258,6 @@ def test_iterable_dataset_rejects_samplers_like_torch(kwargs: dict[str, Any]) ->
     with pytest.raises(ValueError) as got:
         pf.DataLoader(Stream(3), **kwargs)
     assert str(got.value) == str(want.value)
-
 
 
 def test_timeout_without_workers_fails_at_iter_like_torch() -> None:

@@ -68,7 +68,9 @@ def test_same_batches_as_torch_with_global_rngs_in_workers() -> None:
     assert_same_epochs(ours, ref, epochs=2)
 
 
-@pytest.mark.parametrize("kwargs", [dict(batch_size=3), dict(batch_size=None), dict(batch_size=4, drop_last=True)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(batch_size=3), dict(batch_size=None), dict(batch_size=4, drop_last=True)]
+)
 def test_same_batches_as_torch_iterable_style(kwargs: dict[str, Any]) -> None:
     assert_same_epochs(*both(WorkerSharded(17), num_workers=2, **kwargs))
 
@@ -85,7 +87,9 @@ def test_unordered_is_the_same_multiset() -> None:
 
 
 def test_persistent_workers_across_epochs() -> None:
-    ours, ref = both(RandomAugment(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+    ours, ref = both(
+        RandomAugment(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+    )
     assert_same_epochs(ours, ref, epochs=3)
 
 
@@ -145,11 +149,14 @@ def test_worker_error_names_index_worker_and_pid() -> None:
     with pytest.raises(ZeroDivisionError, match="bad sample") as info:
         list(pf.DataLoader(Bad(12), batch_size=4, num_workers=2))
     note = info.value.__notes__[0]
-    assert "stage 'fetch' failed on sample index 9 (batch [8, 9, 10, 11], epoch 0, worker 0 of 2, pid" in note
+    assert (
+        "stage 'fetch' failed on sample index 9 (batch [8, 9, 10, 11], epoch 0, worker 0 of 2, pid"
+        in note
+    )
 
 
 def test_len_and_attributes_with_workers() -> None:
     ours, ref = both(ArrayDataset(10), batch_size=3, num_workers=2)
     assert len(ours) == len(ref) == 4
     assert ours.prefetch_factor == ref.prefetch_factor == 2
-    assert_same(list(ours)[0], list(ref)[0])
+    assert_same(next(iter(ours)), next(iter(ref)))

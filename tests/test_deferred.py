@@ -65,8 +65,12 @@ def test_leaves_are_pending_numpy_in_the_worker() -> None:
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_spawned_workers_do_not_import_torch_for_default_collate(method: str) -> None:
     ds = TorchFree()
-    loader = pf.indices(ds) | pf.batch(4) | pf.parallel_map(
-        pf.fetch(ds) | pf.collate(), workers=2, backend="process", mp_context=method
+    loader = (
+        pf.indices(ds)
+        | pf.batch(4)
+        | pf.parallel_map(
+            pf.fetch(ds) | pf.collate(), workers=2, backend="process", mp_context=method
+        )
     )
     batches = list(loader)
     torch = pytest.importorskip("torch")

@@ -89,10 +89,12 @@ def test_arrays_come_back_intact_and_writable(backend, no_leaks) -> None:
 
 def test_tensors_come_back_through_shared_memory(no_leaks) -> None:
     torch = pytest.importorskip("torch")
-    loader = pf.indices(6) | pf.batch(3) | pf.parallel_map(
-        pf.fetch(Table(6)) | pf.collate(), workers=2, backend="process"
+    loader = (
+        pf.indices(6)
+        | pf.batch(3)
+        | pf.parallel_map(pf.fetch(Table(6)) | pf.collate(), workers=2, backend="process")
     )
-    (x0, y0), (x1, y1) = list(loader)
+    (x0, _y0), (x1, y1) = list(loader)
     assert isinstance(x0, torch.Tensor) and x0.dtype == torch.float32
     assert y1.tolist() == [3, 4, 5]
     assert x1[:, 0].tolist() == [3.0, 4.0, 5.0]
@@ -107,8 +109,10 @@ def test_tensors_come_back_through_shared_memory(no_leaks) -> None:
 )
 @settings(max_examples=25)
 def test_exactly_once_threads(n, size, workers, ordered, in_flight) -> None:
-    loader = pf.indices(n) | pf.batch(size) | pf.parallel_map(
-        len, workers=workers, ordered=ordered, max_in_flight=in_flight
+    loader = (
+        pf.indices(n)
+        | pf.batch(size)
+        | pf.parallel_map(len, workers=workers, ordered=ordered, max_in_flight=in_flight)
     )
     got = list(loader)
     want = [len(b) for b in (pf.indices(n) | pf.batch(size))]
@@ -242,10 +246,9 @@ def test_persistent_pool_survives_an_early_break(no_leaks) -> None:
 @pytest.mark.parametrize("backend", ALL_START_METHODS)
 def test_worker_exception_keeps_type_and_names_stage_index_worker(backend, no_leaks) -> None:
     loader = pf.indices(10) | pmap(RaiseAt(7), backend, workers=2)
-    got = []
+    got: list[int] = []
     with pytest.raises(KeyError, match="injected failure at 7") as info:
-        for x in loader:
-            got.append(x)
+        got.extend(loader)
     assert got == list(range(7))  # ordered: everything before the failure was delivered
     note = info.value.__notes__[0]
     assert "stage 'parallel_map' failed on sample index 7 (epoch 0, " in note
@@ -261,13 +264,17 @@ def test_fetch_failure_in_a_worker_names_the_sample_and_its_batch(no_leaks) -> N
                 raise ValueError("corrupt")
             return super().__getitem__(i)
 
-    loader = pf.indices(10) | pf.batch(4) | pf.parallel_map(
-        pf.fetch(Broken(10)) | pf.collate(), workers=2, backend="process"
+    loader = (
+        pf.indices(10)
+        | pf.batch(4)
+        | pf.parallel_map(pf.fetch(Broken(10)) | pf.collate(), workers=2, backend="process")
     )
     with pytest.raises(ValueError, match="corrupt") as info:
         list(loader)
     note = info.value.__notes__[0]
-    assert note.startswith("pipeflow: stage 'fetch' failed on sample index 6 (batch [4, 5, 6, 7], epoch 0, worker ")
+    assert note.startswith(
+        "pipeflow: stage 'fetch' failed on sample index 6 (batch [4, 5, 6, 7], epoch 0, worker "
+    )
 
 
 def test_unrebuildable_exception_becomes_a_pipeflow_error(no_leaks) -> None:

@@ -37,8 +37,18 @@ class _Box:
             pool.close()
 
 
-def _check(name: str, *, workers: Any, backend: Any, ordered: Any, max_in_flight: Any,
-           mp_context: Any, worker_init: Any, timeout: Any, persistent: Any) -> None:
+def _check(
+    name: str,
+    *,
+    workers: Any,
+    backend: Any,
+    ordered: Any,
+    max_in_flight: Any,
+    mp_context: Any,
+    worker_init: Any,
+    timeout: Any,
+    persistent: Any,
+) -> None:
     if isinstance(workers, bool) or not isinstance(workers, int):
         msg = f"{name}: workers must be an integer (got {workers!r})"
         raise TypeError(msg)
@@ -80,7 +90,7 @@ def _check(name: str, *, workers: Any, backend: Any, ordered: Any, max_in_flight
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             msg = f"{name}: timeout must be a number of seconds or None (got {timeout!r})"
             raise TypeError(msg)
-        if not timeout > 0:
+        if not float(timeout) > 0:
             msg = f"{name}: timeout must be more than 0 seconds (got {timeout!r})"
             raise ValueError(msg)
     if not isinstance(persistent, bool):
@@ -91,7 +101,8 @@ def _check(name: str, *, workers: Any, backend: Any, ordered: Any, max_in_flight
 def _context(mp_context: Any) -> multiprocessing.context.BaseContext:
     if isinstance(mp_context, multiprocessing.context.BaseContext):
         return mp_context
-    return multiprocessing.get_context(mp_context)
+    context: multiprocessing.context.BaseContext = multiprocessing.get_context(mp_context)
+    return context
 
 
 def _base_seed(seed: int, context: Context) -> int:
@@ -103,7 +114,9 @@ def _base_seed(seed: int, context: Context) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def _make_pool(job: Any, config: dict[str, Any], name: str, base_seed: int, round_robin: bool) -> Any:
+def _make_pool(
+    job: Any, config: dict[str, Any], name: str, base_seed: int, round_robin: bool
+) -> Any:
     from pipeflow.parallel._pool import ProcessPool, ThreadPool
 
     if config["backend"] == "process":
@@ -191,6 +204,7 @@ class ParallelMap(Stage[T, U]):
     """The stage :func:`parallel_map` returns (its persistent pool lives in a private box)."""
 
     __slots__ = ("__weakref__", "_box")
+    _box: _Box
 
     def __init__(self, config: dict[str, Any]) -> None:
         box = _Box()
@@ -210,8 +224,38 @@ class ParallelMap(Stage[T, U]):
         """Stop a persistent pool's workers."""
         self._box.close()
 
+    def __repr__(self) -> str:
+        return _parallel_repr("parallel_map", self._config)
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (ParallelMap, (self._config,))
+
+
+_DEFAULTS = {
+    "backend": None,  # always shown
+    "ordered": True,
+    "max_in_flight": None,
+    "mp_context": None,
+    "worker_init": None,
+    "timeout": None,
+    "persistent": False,
+    "round_robin": False,
+}
+
+
+def _parallel_repr(name: str, config: dict[str, Any]) -> str:
+    """The arguments that differ from their defaults (and always fn, workers, backend, seed)."""
+    from pipeflow._stage import _short
+
+    parts = []
+    for key, value in config.items():
+        if key in _DEFAULTS and _DEFAULTS[key] is not None and value == _DEFAULTS[key]:
+            continue
+        if key in ("max_in_flight", "mp_context", "worker_init", "timeout") and value is None:
+            continue
+        text = repr(value) if key == "loader" else _short(value)
+        parts.append(text if key in ("fn", "loader") else f"{key}={text}")
+    return f"{name}({', '.join(parts)})"
 
 
 def _no_call(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - apply overrides
@@ -248,8 +292,10 @@ def parallel_map(
     sequence ``map(fn, items)`` would; ``ordered=False`` yields results as they complete, each
     exactly once, so one slow item does not hold back the rest.
 
-    Each worker's ``random``, numpy and torch global generators are seeded with
+    Each process worker's ``random``, numpy and torch global generators are seeded with
     ``base_seed + worker_id`` (torch's scheme); *base_seed* derives from *seed* and the epoch.
+    Thread workers share the process's global generators, which no seeding can make
+    reproducible under threads: give per-sample randomness its own generator instead.
 
     Args:
         fn: the function, or a stage that yields one item per item.
@@ -346,8 +392,7 @@ class _ParallelSource(Source[Any]):
         self.box.close()
 
     def describe(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config.items() if k != "worker_init")
-        return f"parallel_source({self.loader!r}, {args})"
+        return _parallel_repr("parallel_source", {"loader": self.loader, **self.config})
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_ParallelSource, (self.loader, self.config))

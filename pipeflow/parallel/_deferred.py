@@ -24,8 +24,19 @@ __all__ = ["Pending", "defer_tensors"]
 # numpy dtypes that torch.from_numpy takes on every supported torch (>= 2.1)
 _DTYPES = frozenset(
     np.dtype(t)
-    for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8,
-              np.float16, np.float32, np.float64, np.complex64, np.complex128)
+    for t in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
+    )
 )
 _INTS = frozenset({int, bool})
 _INT_RESULTS = frozenset({np.dtype(np.int64), np.dtype(np.bool_)})

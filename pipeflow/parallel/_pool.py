@@ -10,6 +10,7 @@ and pid), :class:`~pipeflow.errors.WorkerDiedError` when a process dies, and
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import itertools
 import multiprocessing
@@ -125,8 +126,16 @@ class ProcessPool:
         here, there = self.context.Pipe(duplex=True)
         proc = self.context.Process(  # type: ignore[attr-defined]
             target=process_main,
-            args=(there, payload, wid, workers, base_seed, init, main_pid,
-                  _shm.segment_prefix(main_pid, self.pool_id, wid)),
+            args=(
+                there,
+                payload,
+                wid,
+                workers,
+                base_seed,
+                init,
+                main_pid,
+                _shm.segment_prefix(main_pid, self.pool_id, wid),
+            ),
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
@@ -223,9 +232,10 @@ class ProcessPool:
             dead: list[int] = []
             got = False
             for r in ready:
-                if r in self.sentinels:
+                if isinstance(r, int):
                     dead.append(self.sentinels[r])
                     continue
+                assert isinstance(r, multiprocessing.connection.Connection)
                 wid = self.by_fd[r.fileno()]
                 try:
                     while r.poll():
@@ -327,10 +337,8 @@ class ProcessPool:
         conns = [c for c in self.conns if c is not None]
         procs = [p for p in self.procs if p is not None]
         for c in conns:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 c.send(None)
-            except (OSError, ValueError):
-                pass
         deadline = time.monotonic() + STOP_GRACE
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))

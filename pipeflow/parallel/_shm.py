@@ -9,6 +9,7 @@ no copy through the pipe, and no copy on arrival. Small results travel inline.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import io
 import mmap
@@ -160,7 +161,5 @@ def decode(data: bytes, segment: str | None, layout: list[Any]) -> Any:
 def discard(segment: str | None) -> None:
     """Unlink a segment whose result will not be decoded."""
     if segment is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(os.path.join(SHM_DIR, segment))
-        except OSError:
-            pass

@@ -192,8 +192,9 @@ def _pid_alive(pid: int) -> bool:
 
 def _error_message(seq: int, e: BaseException) -> tuple[Any, ...]:
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    payload: bytes | None
     try:
-        payload: bytes | None = pickle.dumps(e)
+        payload = pickle.dumps(e)
         pickle.loads(payload)
     except Exception:
         payload = None
