@@ -184,9 +184,16 @@ def _run(
     name = source.name
     try:
         chain.append(_watch(source.iterate(context), name, context))
+        fetched: list[Any] | None = None
         for s in stages:
             name = s.name
-            chain.append(_watch(s.apply(chain[-1], context), name, context))
+            upstream = chain[-1]
+            if name == "fetch":  # remember what it fetched: the next stage's errors name it
+                keys: list[Any] = [None]
+                upstream = _remember(upstream, keys)
+            it = s.apply(upstream, context)
+            chain.append(_watch(it, name, context, fetched))
+            fetched = keys if name == "fetch" else None
     except Exception as e:
         annotate(e, name, context.epoch)
         _close_all(chain)
@@ -208,13 +215,31 @@ def _close_all(chain: list[Iterator[Any]]) -> None:
             close()
 
 
-def _watch(it: Iterator[Any], name: str, context: Context) -> Iterator[Any]:
-    """Pass items through, naming this stage in any exception that starts inside it."""
+def _watch(
+    it: Iterator[Any], name: str, context: Context, fetched: list[Any] | None = None
+) -> Iterator[Any]:
+    """Pass items through, naming this stage in any exception that starts inside it.
+
+    Right after a ``fetch``, *fetched* holds the key it fetched last: the note then names the
+    sample indices of the batch that failed (a collate of ragged samples, say).
+    """
     n = 0
     try:
         for item in it:
             n += 1
             yield item
     except Exception as e:
-        annotate(e, name, context.epoch, item=n)
+        key = fetched[0] if fetched is not None else None
+        if type(key) is list:
+            annotate(e, name, context.epoch, batch=key)
+        elif key is not None:
+            annotate(e, name, context.epoch, index=key)
+        else:
+            annotate(e, name, context.epoch, item=n)
         raise
+
+
+def _remember(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:
+    for key in keys:
+        cell[0] = key
+        yield key

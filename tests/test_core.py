@@ -361,6 +361,16 @@ def test_stage_that_is_not_a_generator_is_reported() -> None:
         iter(pf.indices(2) | broken())
 
 
+def test_stage_decorator_leaves_the_function_alone() -> None:
+    def plain(items):
+        yield from items
+
+    before = (plain.__name__, plain.__qualname__)
+    factory = pf.stage(plain)
+    assert (plain.__name__, plain.__qualname__) == before
+    assert factory.__wrapped__ is plain
+
+
 def test_stage_decorator_rejects_bad_functions() -> None:
     with pytest.raises(TypeError):
         pf.stage(3)  # type: ignore[call-overload]
@@ -417,6 +427,8 @@ ALL_STAGES = [
     add_noise(scale=1.0),
     with_epoch(),
     pf.batch(2) | pf.unbatch(),
+    pf.parallel_map(_double, workers=2, seed=3),
+    pf.parallel_map(pf.fetch([1, 2]) | pf.map(_double), workers=2, backend="process", seed=4),
 ]
 
 
@@ -546,3 +558,17 @@ def test_import_pipeflow_does_not_import_torch() -> None:
         "assert 'torch' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_collate_failure_names_the_fetched_sample_indices() -> None:
+    ragged = [[0.0, 1.0], [2.0, 3.0], [4.0], [5.0, 6.0]]
+    np = pytest.importorskip("numpy")
+    arrays = [np.array(r) for r in ragged]
+    loader = pf.indices(4) | pf.batch(2) | pf.fetch(arrays) | pf.collate()
+    with pytest.raises(
+        RuntimeError, match=r"item 0 has shape \(1,\), item 1 has shape \(2,\)"
+    ) as info:
+        list(loader)
+    assert info.value.__notes__ == [
+        "pipeflow: stage 'collate' failed on the batch of sample indices [2, 3] (epoch 0)"
+    ]
