@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e ".[dev,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,docs,compat]"
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python -m pipeflow bench
