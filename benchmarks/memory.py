@@ -49,6 +49,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -82,6 +83,9 @@ EXPERIMENTS = (
     "pipeflow+full-gc+no-freeze",
     "pipeflow+full-gc+keep-frozen",
     "pipeflow+full-gc+user-freeze",
+    "torch+no-shuffle+full-gc",
+    "pipeflow+no-shuffle+full-gc",
+    "pipeflow+no-shuffle+full-gc+keep-frozen",
     "pipeflow+recycle",
     "pipeflow+threads",
     "torch+serialized",
@@ -270,7 +274,7 @@ def _parse(variant: str) -> tuple[str, set[str]]:
 
 
 def _epoch(loader_name: str, flags: set[str], dataset: Any) -> Iterable[Any]:
-    """Build the loader as the variant says; return the epoch's iterator (before iter())."""
+    """Build the loader as the variant says: what one epoch iterates over."""
     import torch
     import torch.utils.data as tud
 
@@ -320,14 +324,17 @@ def _recycled(batches: list[list[int]], work: Any, every: int) -> Iterator[Any]:
 
 
 def _access_cost(dataset: Any, n: int = 20_000) -> float:
-    """Microseconds per ``dataset[i]`` at random *i*, in this process."""
+    """Microseconds per ``dataset[i]`` at random *i*, in this process (best of 3)."""
     rng = random.Random(0)
     keys = [rng.randrange(len(dataset)) for _ in range(n)]
     getitem = dataset.__getitem__
-    t0 = time.perf_counter()
-    for i in keys:
-        getitem(i)
-    return (time.perf_counter() - t0) / n * 1e6
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for i in keys:
+            getitem(i)
+        best = min(best, time.perf_counter() - t0)
+    return best / n * 1e6
 
 
 def _child(variant: str, n: int) -> None:
@@ -347,8 +354,9 @@ def _child(variant: str, n: int) -> None:
         gc.collect()
     dataset = (Untouched if "no-touch" in flags else Records)(items)
     n_batches = -(-n // BATCH_SIZE)
+    getitem_us = _access_cost(dataset)  # before the fork: costs no copies
     epoch = _epoch(loader_name, flags, dataset)
-    _say(event="ready", dataset_bytes=size, held_bytes=_own_anon() - before)
+    _say(event="ready", dataset_bytes=size, held_bytes=_own_anon() - before, getitem_us=getitem_us)
     _wait()
     t0 = time.perf_counter()
     if "user-freeze" in flags:
@@ -363,8 +371,7 @@ def _child(variant: str, n: int) -> None:
     _wait()
     for _ in it:  # the end of the epoch: the workers stop
         raise AssertionError("more batches than expected")
-    del it
-    _say(event="done", getitem_us=_access_cost(dataset))
+    _say(event="done")
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -442,7 +449,7 @@ def _measure(variant: str, n: int, timeout: float, errors: Any) -> dict[str, Any
         epoch = expect("epoch", tick)
         tick()  # at the end of the epoch, workers alive: for copy-on-read, the peak
         go()
-        done = expect("done")
+        expect("done")
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
@@ -459,7 +466,7 @@ def _measure(variant: str, n: int, timeout: float, errors: Any) -> dict[str, Any
         "workers_private_bytes": peak["children_private"],
         "processes": peak["procs"],
         "epoch_seconds": epoch["seconds"],
-        "getitem_us": done["getitem_us"],
+        "getitem_us": ready["getitem_us"],
     }
 
 
@@ -500,7 +507,7 @@ def run(
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a plain-text table (MB = 2**20 bytes)."""
     cols: list[tuple[str, str, Callable[[dict[str, Any]], Any]]] = [
-        ("variant", "<34", lambda r: r["variant"]),
+        ("variant", f"<{max(len(r['variant']) for r in rows) + 2}", lambda r: r["variant"]),
         ("items", ">7", lambda r: r["items"]),
         ("dataset MB", ">11.1f", lambda r: r["dataset_bytes"] / MB),
         ("held MB", ">8.1f", lambda r: r["held_bytes"] / MB),
@@ -540,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nadded: peak of Pss_Anon + Pss_Shmem summed over the main process and its workers,")
     print("minus the same just before iter(loader). Flags:")
     for flag in sorted({f for r in rows for f in r["variant"].split("+")[1:]}):
-        print(f"  +{flag}: {FLAGS[flag]}")
+        text = f"+{flag}: {FLAGS[flag]}"
+        print(textwrap.fill(text, 96, initial_indent="  ", subsequent_indent="    "))
     return 0
 
 

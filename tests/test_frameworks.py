@@ -45,8 +45,13 @@ def test_lightning_trains_on_a_pipeflow_loader() -> None:
     model = Model()
     loader = pf.DataLoader(Line(), batch_size=8, shuffle=True)
     trainer = lp.Trainer(
-        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -267,12 +267,12 @@ class ProcessPool:
         if pass_id != self.pass_id:  # a late result of an abandoned pass
             self.stale[wid] -= 1
             if kind == "ok":
-                _shm.discard(rest[1])
+                _shm.discard_all(rest[1])
             return None
         self.outstanding[wid].pop(seq, None)
         if kind == "ok":
-            data, segment, layout = rest
-            return _Result("ok", seq, (data, segment, layout), wid)
+            data, segments, layout = rest
+            return _Result("ok", seq, (data, segments, layout), wid)
         if kind == "end":
             self.active[wid] = False
             return _Result("end", seq, None, wid)
@@ -355,7 +355,7 @@ class ProcessPool:
                 while c.poll():
                     msg = pickle.loads(c.recv_bytes())
                     if msg[1] == "ok":
-                        _shm.discard(msg[4])
+                        _shm.discard_all(msg[4])
             except (EOFError, OSError):
                 pass
             c.close()

@@ -19,7 +19,16 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["SHM_DIR", "decode", "discard", "encode", "segment_prefix", "sweep"]
+__all__ = [
+    "SHM_DIR",
+    "Arena",
+    "decode",
+    "discard",
+    "discard_all",
+    "encode",
+    "segment_prefix",
+    "sweep",
+]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 #: Results whose out-of-band buffers add up to less than this travel inline through the pipe.
@@ -79,12 +88,77 @@ def _dispatch_table() -> dict[Any, Any]:
 
 
 # -- encode (worker) / decode (main) ---------------------------------------------------------------
-def encode(obj: Any, name: str) -> tuple[bytes, str | None, list[Any]]:
-    """Pickle *obj*; put its large buffers in the segment *name* (created here) if worth it.
+class Arena:
+    """A worker's shared-memory allocations: an array made here travels back by name.
+
+    ``collate`` allocates its batch with :func:`pipeflow._alloc.empty`, which in a process
+    worker lands here: the batch is written once, straight into a ``/dev/shm`` file, and
+    :func:`encode` sends the file's name instead of copying it again. Allocations a result did
+    not use are unlinked after each task (:meth:`release`).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.count = 0
+        self.live: dict[str, tuple[int, int, mmap.mmap]] = {}
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        import numpy as np
+
+        dt = np.dtype(dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n * dt.itemsize
+        if nbytes < INLINE_LIMIT:
+            return np.empty(shape, dt)
+        name = f"{self.prefix}a{self.count}"
+        self.count += 1
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        array = np.frombuffer(mm, dtype=dt, count=n).reshape(shape)
+        start = _address(array)
+        self.live[name] = (start, start + nbytes, mm)
+        return array
+
+    def find(self, raw: memoryview) -> tuple[str, int] | None:
+        """The segment and offset holding *raw*, if it lies in one of ours."""
+        if not self.live or raw.nbytes == 0:
+            return None
+        addr = _address(raw)
+        for name, (start, end, _) in self.live.items():
+            if start <= addr and addr + raw.nbytes <= end:
+                return name, addr - start
+        return None
+
+    def release(self, sent: set[str]) -> None:
+        """Forget this task's allocations; unlink those no result took."""
+        for name in self.live:
+            if name not in sent:
+                discard(name)
+        self.live.clear()
+
+
+def _address(buffer: Any) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def encode(obj: Any, name: str, arena: Arena | None = None) -> tuple[bytes, list[str], list[Any]]:
+    """Pickle *obj*; its large buffers go by shared memory, small ones inline.
+
+    Buffers that already live in *arena* travel by their segment's name. The others, when
+    they add up to :data:`INLINE_LIMIT` or more, are written with one ``pwritev`` into a new
+    segment *name*.
 
     Returns:
-        ``(data, segment, layout)``: with a segment, *layout* lists ``(offset, nbytes)`` of
-        each buffer in it; without, *layout* holds the buffers' bytes.
+        ``(data, segments, layout)``: *layout* has one ``(segment index, offset, nbytes)`` per
+        buffer, or, with no segments, the buffers' bytes.
     """
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
@@ -93,33 +167,53 @@ def encode(obj: Any, name: str) -> tuple[bytes, str | None, list[Any]]:
     pickler.dump(obj)
     data = out.getvalue()
     if not buffers:
-        return data, None, []
+        return data, [], []
     raws = [b.raw() for b in buffers]
-    total = sum(r.nbytes for r in raws)
-    if total < INLINE_LIMIT:
-        return data, None, [bytearray(r) for r in raws]  # writable arrays on arrival
+    placed: list[tuple[str, int] | None] = [
+        arena.find(r) if arena is not None else None for r in raws
+    ]
+    rest = [r for r, p in zip(raws, placed) if p is None]
+    if not any(placed) and sum(r.nbytes for r in rest) < INLINE_LIMIT:
+        return data, [], [bytearray(r) for r in raws]  # writable arrays on arrival
+    segments: list[str] = []
+    index: dict[str, int] = {}
+    layout: list[tuple[int, int, int]] = []
     iov: list[Any] = []
-    layout: list[tuple[int, int]] = []
     offset = 0
-    for r in raws:
+    for r, p in zip(raws, placed):
+        if p is not None:
+            seg, off = p
+            if seg not in index:
+                index[seg] = len(segments)
+                segments.append(seg)
+            layout.append((index[seg], off, r.nbytes))
+            continue
         pad = -offset % _ALIGN
         if pad:
             iov.append(_ZEROS[:pad])
             offset += pad
         iov.append(r)
-        layout.append((offset, r.nbytes))
+        layout.append((-1, offset, r.nbytes))
         offset += r.nbytes
+    if iov:
+        _write_segment(name, iov, offset)
+        segments.append(name)
+        last = len(segments) - 1
+        layout = [(last if s == -1 else s, o, n) for s, o, n in layout]
+    return data, segments, layout
+
+
+def _write_segment(name: str, iov: list[Any], total: int) -> None:
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.ftruncate(fd, offset)
-        _write_all(fd, iov, offset)
+        os.ftruncate(fd, total)
+        _write_all(fd, iov, total)
     except BaseException:
         os.close(fd)
         os.unlink(path)
         raise
     os.close(fd)
-    return data, name, layout
 
 
 def _write_all(fd: int, iov: list[Any], total: int) -> None:
@@ -141,21 +235,25 @@ def _write_all(fd: int, iov: list[Any], total: int) -> None:
         written = pos
 
 
-def decode(data: bytes, segment: str | None, layout: list[Any]) -> Any:
-    """Rebuild what :func:`encode` made; unlinks the segment as soon as it is mapped."""
-    if segment is None:
+def decode(data: bytes, segments: list[str], layout: list[Any]) -> Any:
+    """Rebuild what :func:`encode` made; each segment is unlinked as soon as it is mapped."""
+    if not segments:
         return pickle.loads(data, buffers=layout)
-    path = os.path.join(SHM_DIR, segment)
-    fd = os.open(path, os.O_RDWR)
+    views = []
     try:
-        size = os.fstat(fd).st_size
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mm = mmap.mmap(fd, size, flags=flags)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    view = memoryview(mm)
-    return pickle.loads(data, buffers=[view[o : o + n] for o, n in layout])
+        for seg in segments:
+            path = os.path.join(SHM_DIR, seg)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+                os.unlink(path)
+            views.append(memoryview(mm))
+    except BaseException:
+        discard_all(segments)
+        raise
+    return pickle.loads(data, buffers=[views[s][o : o + n] for s, o, n in layout])
 
 
 def discard(segment: str | None) -> None:
@@ -163,3 +261,9 @@ def discard(segment: str | None) -> None:
     if segment is not None:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(SHM_DIR, segment))
+
+
+def discard_all(segments: list[str]) -> None:
+    """Unlink every segment of a result that will not be decoded."""
+    for seg in segments:
+        discard(seg)
