@@ -31,7 +31,8 @@ still alive) minus the same sum just before ``iter(loader)``, so it includes sta
     python benchmarks/memory.py --variants  # also the experiments (EXPERIMENTS, FLAGS)
     python benchmarks/memory.py --only pipeflow+full-gc torch+full-gc  # torch and these
 
-``run(quick)`` returns the rows, for a ``python -m pipeflow bench`` driver.
+``run(quick)`` gives ``python -m pipeflow bench`` its two rows (``benchmarks._harness.Row``);
+``results(quick, variants=...)`` returns every measurement of every variant as a dict.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:  # run as ``python benchmarks/memory.py``: make ``benchmarks`` importable
+    sys.path.insert(0, _ROOT)
+
+from benchmarks._harness import Row
 
 ITEMS = 300_000
 QUICK_ITEMS = 100_000
@@ -343,6 +350,7 @@ def _child(variant: str, n: int) -> None:
     import pipeflow as pf
 
     loader_name, flags = _parse(variant)
+    packer = None
     _ = pf.DataLoader  # everything imported before the baseline
     torch.set_num_threads(1)
     before = _own_anon()
@@ -350,13 +358,15 @@ def _child(variant: str, n: int) -> None:
     size = _own_anon() - before
     if "serialized" in flags:
         pack = getattr(pf, "shared_list", Serialized)
+        packer = getattr(pack, "__name__", "")
         items = pack(items)  # the list is dropped: only the buffer is left
         gc.collect()
     dataset = (Untouched if "no-touch" in flags else Records)(items)
     n_batches = -(-n // BATCH_SIZE)
     getitem_us = _access_cost(dataset)  # before the fork: costs no copies
     epoch = _epoch(loader_name, flags, dataset)
-    _say(event="ready", dataset_bytes=size, held_bytes=_own_anon() - before, getitem_us=getitem_us)
+    held = _own_anon() - before
+    _say(event="ready", dataset_bytes=size, held_bytes=held, getitem_us=getitem_us, packer=packer)
     _wait()
     t0 = time.perf_counter()
     if "user-freeze" in flags:
@@ -467,13 +477,46 @@ def _measure(variant: str, n: int, timeout: float, errors: Any) -> dict[str, Any
         "processes": peak["procs"],
         "epoch_seconds": epoch["seconds"],
         "getitem_us": ready["getitem_us"],
+        "packer": ready["packer"],
     }
 
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def run(quick: bool) -> list[Row]:
+    """The rows ``python -m pipeflow bench`` prints (MB added in one epoch; details: results).
+
+    The plain list under both loaders; then pipeflow with the items packed into one buffer
+    (``pf.shared_list``, opt-in) against torch with the plain list.
+    """
+    rows = results(quick)
+    by = {r["variant"]: r for r in rows}
+    torch_mb = by["torch"]["added_bytes"] / MB
+    size = f"{by['torch']['items'] // 1000}k dicts, {by['torch']['dataset_bytes'] / MB:.0f} MB"
+    packed = "pf.shared_list"
+    if by["pipeflow+serialized"]["packer"] != "shared_list":
+        packed = "this file's Serialized (pf.shared_list is proposed)"
+    return [
+        Row(
+            f"epoch memory, list of {by['torch']['items'] // 1000}k dicts, 2 forks",
+            "MB added",
+            by["pipeflow"]["added_bytes"] / MB,
+            torch_mb,
+            "<= 0.5x",
+            f"{size}; forked workers copy the pages __getitem__ reads (refcounts)",
+            higher_is_better=False,
+        ),
+        Row(
+            "  same, pipeflow's items in one buffer",
+            "MB added",
+            by["pipeflow+serialized"]["added_bytes"] / MB,
+            torch_mb,
+            "<= 0.5x",
+            f"pipeflow: the items packed by {packed}; torch: the plain list",
+            higher_is_better=False,
+        ),
+    ]
 
 
-def run(
+def results(
     quick: bool, *, variants: bool = False, items: int | None = None, only: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """Measure torch's and pipeflow's loaders (with *variants*, the experiments too).
@@ -489,7 +532,8 @@ def run(
         added), ``held_bytes`` (what the dataset holds when the epoch starts: less for
         ``+serialized``), ``added_bytes`` (what the epoch added, over the process tree),
         ``workers_private_bytes``, ``epoch_seconds``, ``getitem_us`` (one random
-        ``dataset[i]`` in the main process), ``added_vs_dataset`` and ``added_vs_torch``.
+        ``dataset[i]`` in the main process), ``packer`` (what packed ``+serialized`` items),
+        ``added_vs_dataset`` and ``added_vs_torch``.
     """
     n = items or (QUICK_ITEMS if quick else ITEMS)
     names = ["torch", *only] if only else [*VARIANTS, *(EXPERIMENTS if variants else ())]
@@ -539,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child, args.items)
         return 0
-    rows = run(args.quick, variants=args.variants, items=args.items, only=args.only)
+    rows = results(args.quick, variants=args.variants, items=args.items, only=args.only)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

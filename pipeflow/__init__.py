@@ -25,7 +25,7 @@ from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
-from pipeflow.transforms import filter, map
+from pipeflow.transforms import filter, map, random_map
 from pipeflow.worker_info import WorkerInfo, get_worker_info
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ __all__ = [
     "map",
     "parallel_map",
     "parallel_source",
+    "random_map",
     "shuffle",
     "stage",
     "unbatch",

@@ -69,7 +69,16 @@ class Stage(Generic[In, Out]):
         [4, 8, 12]
     """
 
-    __slots__ = ("_config", "_factory", "_fn", "_length", "_name", "_wants_epoch")
+    __slots__ = (
+        "_config",
+        "_factory",
+        "_fn",
+        "_length",
+        "_name",
+        "_skip",
+        "_wants_context",
+        "_wants_epoch",
+    )
 
     def __init__(
         self,
@@ -78,10 +87,13 @@ class Stage(Generic[In, Out]):
         config: Mapping[str, Any] | None = None,
         *,
         length: LengthRule = None,
+        skip: LengthRule = None,
         factory: Callable[..., Stage[Any, Any]] | None = None,
     ) -> None:
         self._fn = fn
         self._factory = factory
+        self._skip = skip
+        self._wants_context = _takes_keyword(fn, "context")
         self._name = name
         self._config: dict[str, Any] = dict(config or {})
         self._wants_epoch = _takes_keyword(fn, "epoch")
@@ -105,10 +117,12 @@ class Stage(Generic[In, Out]):
 
     def apply(self, upstream: Iterable[Any], context: Context) -> Iterator[Out]:
         """Return a fresh iterator of this stage's output over *upstream*."""
+        extra: dict[str, Any] = {}
         if self._wants_epoch:
-            it = self._fn(upstream, **self._config, epoch=context.epoch)
-        else:
-            it = self._fn(upstream, **self._config)
+            extra["epoch"] = context.epoch
+        if self._wants_context:
+            extra["context"] = context
+        it = self._fn(upstream, **self._config, **extra)
         if not isinstance(it, Iterator):
             msg = (
                 f"stage {self._name!r} must return an iterator, but its function returned "
@@ -125,6 +139,24 @@ class Stage(Generic[In, Out]):
         if rule == "same":
             return n
         return rule(n, **self._config)
+
+    def skipped_inputs(self, k: int) -> int | None:
+        """How many input items make the first *k* outputs, when skipping those inputs skips
+        exactly those outputs (a map, a batch); ``None`` when it does not (a shuffle, a filter).
+
+        Resumption uses it to skip consumed items below this stage instead of replaying them.
+        """
+        rule = self._skip
+        if rule is None:
+            return None
+        if rule == "same":
+            return k
+        return rule(k, **self._config)
+
+    def resume_state(self, record: Any, consumed: int) -> Any:
+        """What a pass's *record* says about resuming after *consumed* outputs (for stages
+        that deliver out of order); ``None`` for the rest."""
+        return None
 
     def close(self) -> None:
         """Release anything the stage holds across epochs (nothing, for most stages)."""
@@ -172,7 +204,8 @@ class Stage(Generic[In, Out]):
     def __reduce__(self) -> tuple[Any, ...]:
         if self._factory is not None:  # a @stage function: rebuilt by its factory
             return (_call_factory, (self._factory, self._config))
-        return (_rebuild, (type(self), self._fn, self._name, self._config, self._length))
+        state = (type(self), self._fn, self._name, self._config, self._length, self._skip)
+        return (_rebuild, state)
 
 
 def _call_factory(factory: Callable[..., Stage[Any, Any]], config: dict[str, Any]) -> Any:
@@ -185,9 +218,10 @@ def _rebuild(
     name: str,
     config: dict[str, Any],
     length: LengthRule,
+    skip: LengthRule = None,
 ) -> Stage[Any, Any]:
     obj = cls.__new__(cls)
-    Stage.__init__(obj, fn, name, config, length=length)
+    Stage.__init__(obj, fn, name, config, length=length, skip=skip)
     return obj
 
 
@@ -221,6 +255,15 @@ class Pipe(Stage[In, Out]):
         for s in self._stages:
             it = s.apply(it, context)
         return iter(it)
+
+    def skipped_inputs(self, k: int) -> int | None:
+        """Thread *k* back through every stage's skip rule."""
+        out: int | None = k
+        for s in reversed(self._stages):
+            if out is None:
+                return None
+            out = s.skipped_inputs(out)
+        return out
 
     def length(self, n: int) -> int | None:
         """Thread *n* through every stage's length rule."""
@@ -269,7 +312,7 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
 def stage(fn: Callable[..., Iterator[Any]], /) -> Callable[..., Stage[Any, Any]]: ...
 @overload
 def stage(
-    *, name: str | None = None, length: LengthRule = None
+    *, name: str | None = None, length: LengthRule = None, positional: bool = False
 ) -> Callable[[Callable[..., Iterator[Any]]], Callable[..., Stage[Any, Any]]]: ...
 def stage(
     fn: Callable[..., Iterator[Any]] | None = None,
@@ -277,6 +320,7 @@ def stage(
     *,
     name: str | None = None,
     length: LengthRule = None,
+    positional: bool = False,
 ) -> Any:
     """Turn a generator function into a stage factory.
 
@@ -292,6 +336,9 @@ def stage(
         length: ``"same"`` when the stage yields exactly one item per item in, a function
             ``length(n, **config) -> int`` when the count is otherwise computable, or ``None``
             (the default) when it can't be known — then the loader has no ``len()``.
+        positional: each output is computed from the input at the same position alone (a
+            map: no buffering, reordering, dropping). Resuming then skips consumed items
+            below this stage instead of replaying them through it. Needs ``length="same"``.
 
     Raises:
         TypeError: if *fn* is not callable, or takes no upstream parameter.
@@ -311,13 +358,20 @@ def stage(
         ...
         TypeError: stage 'add': got an unexpected keyword argument 'amout'
     """
+    if positional and length != "same":
+        msg = f"@stage: positional=True needs length='same' (got length={length!r})"
+        raise ValueError(msg)
     if fn is None:
-        return functools.partial(_make_factory, name=name, length=length)
-    return _make_factory(fn, name=name, length=length)
+        return functools.partial(_make_factory, name=name, length=length, positional=positional)
+    return _make_factory(fn, name=name, length=length, positional=positional)
 
 
 def _make_factory(
-    fn: Callable[..., Iterator[Any]], *, name: str | None, length: LengthRule
+    fn: Callable[..., Iterator[Any]],
+    *,
+    name: str | None,
+    length: LengthRule,
+    positional: bool = False,
 ) -> Callable[..., Stage[Any, Any]]:
     if not callable(fn):
         msg = f"@stage needs a generator function (got {type(fn).__name__})"
@@ -337,7 +391,9 @@ def _make_factory(
         msg = f"@stage: length must be 'same', a function or None (got {length!r})"
         raise TypeError(msg)
     stage_name = name or fn.__name__
-    config_sig = sig.replace(parameters=[p for p in params[1:] if p.name != "epoch"])
+    config_sig = sig.replace(
+        parameters=[p for p in params[1:] if p.name not in ("epoch", "context")]
+    )
 
     @functools.wraps(fn)
     def factory(*args: Any, **kwargs: Any) -> Stage[Any, Any]:
@@ -351,7 +407,8 @@ def _make_factory(
         bound.apply_defaults()
         # The stage pickles as "call this factory again": the factory has the function's
         # name in its module, so pickle finds it by reference.
-        return Stage(fn, stage_name, _flatten(bound), length=length, factory=factory)
+        skip: LengthRule = "same" if positional else None
+        return Stage(fn, stage_name, _flatten(bound), length=length, skip=skip, factory=factory)
 
     return factory
 

@@ -46,7 +46,8 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
     if not isinstance(drop_last, bool):
         msg = f"batch: drop_last must be a bool (got {drop_last!r})"
         raise TypeError(msg)
-    return Stage(_batch, "batch", {"size": size, "drop_last": drop_last}, length=_batch_length)
+    config = {"size": size, "drop_last": drop_last}
+    return Stage(_batch, "batch", config, length=_batch_length, skip=_batch_skip)
 
 
 def _batch(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
@@ -58,6 +59,10 @@ def _batch(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
 
 def _batch_length(n: int, size: int, drop_last: bool) -> int:
     return n // size if drop_last else -(-n // size)
+
+
+def _batch_skip(k: int, size: int, drop_last: bool) -> int:
+    return k * size  # the first k batches are full ones
 
 
 def unbatch() -> Stage[Iterable[T], T]:

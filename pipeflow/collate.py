@@ -574,11 +574,11 @@ def collate(fn: Callable[[Any], Any] | None = None) -> Stage[Any, Any]:
         collate()
     """
     if fn is None:
-        return Stage(_collate_default, "collate", length="same")
+        return Stage(_collate_default, "collate", length="same", skip="same")
     if not callable(fn):
         msg = f"collate: fn must be callable or None (got {type(fn).__name__})"
         raise TypeError(msg)
-    return Stage(_collate_with, "collate", {"fn": fn}, length="same")
+    return Stage(_collate_with, "collate", {"fn": fn}, length="same", skip="same")
 
 
 def _collate_default(batches: Iterable[Any]) -> Iterator[Any]:

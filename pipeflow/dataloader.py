@@ -11,6 +11,7 @@ This module imports torch; ``import pipeflow`` loads it on first access to
 
 from __future__ import annotations
 
+import base64
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -100,6 +101,7 @@ class DataLoader(tud.DataLoader[T_co]):
             in_order=in_order,
         )
         self._pf_drawn = False
+        self._pf_rng_at_start: str | None = None
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
 
@@ -146,7 +148,7 @@ class DataLoader(tud.DataLoader[T_co]):
             # torch never calls set_epoch on samplers itself; the user does.
             loader = from_sampler(self._index_sampler, set_epoch=False)
             work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
-            if self.num_workers > 0:  # batch k goes to worker k % num_workers, as in torch
+            if self.num_workers > 0 or not self.in_order:  # batch k to worker k % num_workers
                 work = parallel_map(work, round_robin=True, **workers)
             loader = loader | work
         if self.pin_memory and torch.accelerator.is_available():
@@ -170,6 +172,7 @@ class DataLoader(tud.DataLoader[T_co]):
         # it draws only once; so do we (the workers keep their first seeds either way).
         draw = functools.cache(self._draw_base_seed)
         reuse = self.persistent_workers and self.num_workers > 0 and self._pf_drawn
+        self._pf_rng_at_start = self._rng_state()  # what state_dict() replays from
         it = self.pipeline().start(base_seed=None if reuse else draw)
         if not reuse:
             draw()
@@ -180,6 +183,69 @@ class DataLoader(tud.DataLoader[T_co]):
         ):
             return self._count_against_len(it, self._IterableDataset_len_called)
         return it
+
+    # -- resumption (torchdata's StatefulDataLoader interface) ---------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, JSON-serialisable: give it to :meth:`load_state_dict`.
+
+        Besides the pipeline's position it holds the state of the random generator the
+        samplers draw from (``generator``, else torch's global generator) as it was when the
+        pass began, so the resumed pass draws the same permutation. Works across worker counts.
+        """
+        loader = self.pipeline()
+        progress = loader._progress
+        position = loader.state_dict()
+        # Mid-pass, the resumed pass must draw what this pass drew: the generator as it was
+        # when the pass began. Between passes (the end of one is the start of the next), as
+        # it is now.
+        in_pass = (
+            progress is not None
+            and not progress.done
+            and not progress.superseded
+            and position["epoch"] == progress.epoch
+        )
+        rng = self._pf_rng_at_start if in_pass and self._pf_rng_at_start else self._rng_state()
+        state: dict[str, Any] = {
+            "pipeflow_dataloader": 1,
+            "loader": position,
+            "rng": rng,
+            "generator": self.generator is not None,
+        }
+        sampler_state = getattr(self._index_sampler, "state_dict", None)
+        if callable(sampler_state):
+            state["sampler"] = sampler_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter()`` yield exactly the rest of the epoch *state* was taken in.
+
+        Raises:
+            ValueError: if *state* is not from an equivalent DataLoader.
+        """
+        if not isinstance(state, dict) or state.get("pipeflow_dataloader") != 1:
+            msg = "load_state_dict: not a pipeflow.DataLoader state (from state_dict())"
+            raise ValueError(msg)
+        if state["generator"] != (self.generator is not None):
+            msg = (
+                "load_state_dict: the state was taken with"
+                + ("" if state["generator"] else "out")
+                + " a generator, this DataLoader has"
+                + ("" if self.generator is not None else " none")
+            )
+            raise ValueError(msg)
+        self.pipeline().load_state_dict(state["loader"])
+        if "sampler" in state:
+            self._index_sampler.load_state_dict(state["sampler"])
+        rng = torch.frombuffer(bytearray(base64.b64decode(state["rng"])), dtype=torch.uint8)
+        if self.generator is not None:
+            self.generator.set_state(rng)
+        else:
+            torch.set_rng_state(rng)
+        self._pf_rng_at_start = None
+
+    def _rng_state(self) -> str:
+        state = self.generator.get_state() if self.generator is not None else torch.get_rng_state()
+        return base64.b64encode(state.numpy().tobytes()).decode("ascii")
 
     def _draw_base_seed(self) -> int:
         seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()

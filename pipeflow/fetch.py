@@ -41,7 +41,8 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
     if batched is not None and not isinstance(batched, bool):
         msg = f"fetch: batched must be None or a bool (got {batched!r})"
         raise TypeError(msg)
-    return Stage(_fetch, "fetch", {"dataset": dataset, "batched": batched}, length="same")
+    config = {"dataset": dataset, "batched": batched}
+    return Stage(_fetch, "fetch", config, length="same", skip="same")
 
 
 def _fetch(keys: Iterable[Any], dataset: Any, batched: bool | None, *, epoch: int) -> Iterator[Any]:

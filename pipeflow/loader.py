@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar, overload
 
 from pipeflow._stage import Stage
@@ -29,6 +30,15 @@ class Context:
 
     epoch: int
     base_seed: int | Callable[[], int] | None = None
+    #: How many items before this stage's first input the pass skipped (a resumed pass
+    #: starts mid-epoch): a stage that numbers its items starts counting here.
+    offset: int = 0
+    #: This stage's position in the loader (set per stage).
+    stage_index: int = -1
+    #: What out-of-order stages record during the pass, by stage position.
+    records: dict[int, Any] = field(default_factory=dict)
+    #: What resuming tells out-of-order stages, by stage position.
+    resume: dict[int, Any] = field(default_factory=dict)
 
 
 class Source(Generic[Out]):
@@ -72,11 +82,20 @@ class Loader(Generic[Out]):
         >>> list(shuffled) != list(shuffled)  # a new permutation each epoch
         True
         >>> shuffled.set_epoch(0)
-        >>> list(shuffled) == list(shuffled.__class__(shuffled.source, shuffled.stages))
+        >>> list(shuffled) == list(pf.indices(5) | pf.shuffle(seed=0))
         True
     """
 
-    __slots__ = ("__weakref__", "_active", "_epoch", "_next_epoch", "_source", "_stages")
+    __slots__ = (
+        "__weakref__",
+        "_active",
+        "_epoch",
+        "_next",
+        "_next_epoch",
+        "_progress",
+        "_source",
+        "_stages",
+    )
 
     def __init__(self, source: Source[Any], stages: tuple[Stage[Any, Any], ...] = ()) -> None:
         if not isinstance(source, Source):
@@ -85,7 +104,9 @@ class Loader(Generic[Out]):
         self._source = source
         self._stages = tuple(s for st in stages for s in st.stages)
         self._next_epoch = 0
+        self._next: dict[str, Any] = {}  # where the next pass starts, when resuming
         self._epoch: int | None = None
+        self._progress: _Progress | None = None
         self._active: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
 
     # -- structure --------------------------------------------------------------------------
@@ -130,6 +151,9 @@ class Loader(Generic[Out]):
             msg = f"epoch must be an integer of at least 0 (got {epoch!r})"
             raise ValueError(msg)
         self._next_epoch = epoch
+        self._next = {}
+        if self._progress is not None:
+            self._progress.superseded = True
 
     def __len__(self) -> int:
         n = self._source.length()
@@ -153,11 +177,48 @@ class Loader(Generic[Out]):
     def start(self, *, base_seed: int | Callable[[], int] | None = None) -> Iterator[Out]:
         """Start the next pass, like ``iter(loader)``, choosing the workers' base seed."""
         epoch = self._next_epoch
+        resume, self._next = self._next, {}
         self._next_epoch = epoch + 1
         self._epoch = epoch
-        it = _run(self._source, self._stages, Context(epoch=epoch, base_seed=base_seed))
+        context = Context(epoch=epoch, base_seed=base_seed, resume=resume.get("stages", {}))
+        progress = _Progress(epoch, resume.get("position", 0), context.records)
+        if self._progress is not None:
+            self._progress.superseded = True
+        self._progress = progress
+        it = _run(self._source, self._stages, context, progress)
         self._active.add(it)
         return it
+
+    # -- resumption -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, as a small JSON-serialisable dict.
+
+        Take it at any point — between epochs, mid-epoch, with workers running — and give it
+        to :meth:`load_state_dict` on a freshly built, identical loader: its next pass yields
+        exactly the rest of this epoch, then the following epochs, as if never interrupted.
+        Starts no worker. See :mod:`pipeflow.state` for what is recorded.
+        """
+        from pipeflow.state import take
+
+        return take(self, self._progress)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass resume where *state* (from :meth:`state_dict`) was taken.
+
+        Raises:
+            ValueError: if *state* comes from a different pipeline (another source length,
+                stage list, batch size, seed...), naming what differs.
+        """
+        from pipeflow.state import check, stage_positions
+
+        check(self, state)
+        self._next_epoch = state["epoch"]
+        self._next = {
+            "position": state["position"],
+            "stages": stage_positions(self, state.get("stages", {})),
+        }
+        if self._progress is not None:
+            self._progress.superseded = True
 
     # -- resources --------------------------------------------------------------------------
     def close(self) -> None:
@@ -176,34 +237,88 @@ class Loader(Generic[Out]):
         self.close()
 
 
+class _Progress:
+    """One pass, as resumption sees it: its epoch, where it started, what it delivered."""
+
+    __slots__ = ("delivered", "done", "epoch", "records", "start", "superseded")
+
+    def __init__(self, epoch: int, start: int, records: dict[int, Any]) -> None:
+        self.epoch = epoch
+        self.start = start  # outputs of this epoch skipped (a resumed pass)
+        self.delivered = 0  # outputs yielded by this pass
+        self.done = False
+        self.superseded = False  # set_epoch / load_state_dict / a newer pass came after it
+        self.records = records
+
+
+def skip_plan(stages: tuple[Stage[Any, Any], ...], position: int) -> tuple[int, int]:
+    """Where to skip *position* consumed outputs: ``(boundary, count)``.
+
+    Skipping *count* items right after stage ``boundary - 1`` (``boundary`` 0: straight out
+    of the source) skips exactly the first *position* outputs, and every stage from
+    ``boundary`` on is a map or a batch, so nothing consumed is fetched, decoded or collated
+    again. Stages before the boundary (a shuffle, a filter) replay the consumed items.
+    """
+    count = position
+    for i in range(len(stages) - 1, -1, -1):
+        inputs = stages[i].skipped_inputs(count)
+        if inputs is None:
+            return i + 1, count
+        count = inputs
+    return 0, count
+
+
 def _run(
-    source: Source[Any], stages: tuple[Stage[Any, Any], ...], context: Context
+    source: Source[Any],
+    stages: tuple[Stage[Any, Any], ...],
+    context: Context,
+    progress: _Progress | None = None,
 ) -> Iterator[Any]:
     """One epoch: build the chain of iterators now (as torch does at ``iter()``), drive it later."""
     chain: list[Iterator[Any]] = []
     name = source.name
+    boundary, skip = 0, 0
+    if context.resume:  # an out-of-order stage says what to skip below it
+        index = min(context.resume)
+        boundary, skip = skip_plan(stages[:index], context.resume[index]["prefix"])
+    elif progress is not None and progress.start:
+        boundary, skip = skip_plan(stages, progress.start)
+    offset = 0  # items skipped before the current stage's input
     try:
-        chain.append(_watch(source.iterate(context), name, context))
+        it: Iterator[Any] = source.iterate(context)
+        if boundary == 0 and skip:
+            it, offset = itertools.islice(it, skip, None), skip
+        chain.append(_watch(it, name, context))
         fetched: list[Any] | None = None
-        for s in stages:
+        for i, s in enumerate(stages):
             name = s.name
             upstream = chain[-1]
             if name == "fetch":  # remember what it fetched: the next stage's errors name it
                 keys: list[Any] = [None]
                 upstream = _remember(upstream, keys)
-            it = s.apply(upstream, context)
+            it = s.apply(upstream, replace(context, offset=offset, stage_index=i))
+            if offset:  # the outputs this stage did not make because of the skip below it
+                offset = offset if s.length(offset) is None else s.length(offset) or 0
+            if boundary == i + 1 and skip:
+                it, offset = itertools.islice(it, skip, None), skip
             chain.append(_watch(it, name, context, fetched))
             fetched = keys if name == "fetch" else None
     except Exception as e:
         annotate(e, name, context.epoch)
         _close_all(chain)
         raise
-    return _drive(chain)
+    return _drive(chain, progress)
 
 
-def _drive(chain: list[Iterator[Any]]) -> Iterator[Any]:
+def _drive(chain: list[Iterator[Any]], progress: _Progress | None) -> Iterator[Any]:
     try:
-        yield from chain[-1]
+        if progress is None:
+            yield from chain[-1]
+        else:
+            for item in chain[-1]:
+                progress.delivered += 1
+                yield item
+            progress.done = True
     finally:
         _close_all(chain)
 

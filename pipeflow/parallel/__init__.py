@@ -152,8 +152,17 @@ def _run(
     from pipeflow.parallel._pool import drive
 
     workers = config["workers"]
+    # Items are numbered by their position in the pass (a resumed pass starts further on), so
+    # per-item randomness does not depend on where the pass started or on the workers.
+    first = context.offset
+    resume = context.resume.get(context.stage_index)
+    skip = frozenset(resume["extras"]) if resume else frozenset()
+    record = None
+    if not config.get("ordered", True) and context.stage_index >= 0:
+        record = _Record(first, skip)
+        context.records[context.stage_index] = record
     if workers == 0:  # in the calling thread: the reference the parallel runs must equal
-        yield from _inline(job, upstream, context.epoch)
+        yield from _inline(job, upstream, context.epoch, first, skip, record)
         return
     base_seed = _base_seed(config["seed"], context)
     reuse = config["persistent"] and not box.busy
@@ -176,6 +185,9 @@ def _run(
             ordered=config["ordered"],
             max_in_flight=config["max_in_flight"] or 2 * workers,
             timeout=config["timeout"],
+            first=first,
+            skip=skip,
+            record=record,
         )
         ok = True
     finally:
@@ -187,17 +199,42 @@ def _run(
             pool.close()
 
 
-def _inline(job: Any, upstream: Iterable[Any] | None, epoch: int) -> Iterator[Any]:
+class _Record:
+    """What an unordered pass delivered: every item before *prefix*, *extras*, then *order*."""
+
+    __slots__ = ("extras", "order", "prefix")
+
+    def __init__(self, prefix: int, extras: frozenset[int]) -> None:
+        self.prefix = prefix
+        self.extras = extras
+        self.order: list[int] = []
+
+
+def _inline(
+    job: Any,
+    upstream: Iterable[Any] | None,
+    epoch: int,
+    first: int = 0,
+    skip: frozenset[int] = frozenset(),
+    record: _Record | None = None,
+) -> Iterator[Any]:
     from pipeflow.parallel._worker import Exhausted
 
     if upstream is None:
+        seq = first
         while True:
             try:
-                yield job.run(None, epoch, 0)
+                yield job.run(None, epoch, seq)
             except Exhausted:
                 return
-    for seq, item in enumerate(upstream):
-        yield job.run(item, epoch, seq)
+            seq += 1
+    for seq, item in enumerate(upstream, first):
+        if seq in skip:
+            continue
+        out = job.run(item, epoch, seq)
+        if record is not None:
+            record.order.append(seq)
+        yield out
 
 
 class ParallelMap(Stage[T, U]):
@@ -223,6 +260,35 @@ class ParallelMap(Stage[T, U]):
     def close(self) -> None:
         """Stop a persistent pool's workers."""
         self._box.close()
+
+    def skipped_inputs(self, k: int) -> int | None:
+        """In order, the first *k* results are those of the first *k* items."""
+        return k if self._config["ordered"] else None
+
+    def resume_state(self, record: Any, consumed: int) -> Any:
+        """Every item before ``prefix`` and the ``extras`` were delivered and consumed."""
+        done = set(record.extras) | set(record.order[:consumed])
+        prefix = record.prefix
+        while prefix in done:
+            done.discard(prefix)
+            prefix += 1
+        return {"prefix": prefix, "extras": sorted(done)}
+
+    def identity(self) -> list[str]:
+        """What resumption compares: the work and the delivery order, not the workers.
+
+        In order, a parallel map is the same pipeline as its stages run in line (so a state
+        taken with workers resumes without, and back).
+        """
+        fn = self._config["fn"]
+        if self._config["ordered"]:
+            return (
+                [repr(s) for s in fn.stages]
+                if isinstance(fn, Stage)
+                else [f"map(fn={_short_fn(fn)})"]
+            )
+        work = repr(fn) if isinstance(fn, Stage) else _short_fn(fn)
+        return [f"parallel_map({work}, ordered=False)"]
 
     def __repr__(self) -> str:
         return _parallel_repr("parallel_map", self._config)
@@ -256,6 +322,12 @@ def _parallel_repr(name: str, config: dict[str, Any]) -> str:
         text = repr(value) if key == "loader" else _short(value)
         parts.append(text if key in ("fn", "loader") else f"{key}={text}")
     return f"{name}({', '.join(parts)})"
+
+
+def _short_fn(fn: Any) -> str:
+    from pipeflow._stage import _short
+
+    return _short(fn)
 
 
 def _no_call(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - apply overrides

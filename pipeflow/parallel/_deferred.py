@@ -133,5 +133,6 @@ def _collate_pending(batches: Iterable[Any]) -> Iterator[Any]:
 def defer_tensors(stages: tuple[Stage[Any, Any], ...]) -> tuple[Stage[Any, Any], ...]:
     """*stages* with a final default ``collate()`` swapped for the numpy-only one."""
     if stages and stages[-1]._fn is _collate_default:
-        return (*stages[:-1], Stage(_collate_pending, "collate", length="same"))
+        last: Stage[Any, Any] = Stage(_collate_pending, "collate", length="same", skip="same")
+        return (*stages[:-1], last)
     return stages

@@ -487,13 +487,21 @@ def drive(
     ordered: bool,
     max_in_flight: int,
     timeout: float | None,
+    first: int = 0,
+    skip: frozenset[int] = frozenset(),
+    record: Any = None,
 ) -> Iterator[Any]:
-    """Feed *upstream* (``None``: the workers are sources) to *pool*; yield what comes back."""
+    """Feed *upstream* (``None``: the workers are sources) to *pool*; yield what comes back.
+
+    Items are numbered from *first* (their position in the pass); those numbered in *skip*
+    were delivered before a resumption and are dropped unseen. *record* (unordered delivery)
+    collects the numbers in the order they are delivered.
+    """
     pool.start_pass(max_in_flight)
     source = iter(upstream) if upstream is not None else None
     exhausted = False
-    sent = delivered = 0
-    next_out = 0
+    sent = delivered = first
+    next_out = first
     ready: dict[int, Any] = {}
     held: list[Any] = []  # an item pulled from upstream that no worker had room for yet
     while True:
@@ -511,6 +519,12 @@ def drive(
                 except StopIteration:
                     exhausted = True
                     break
+                if sent in skip:  # delivered before the resumption
+                    sent += 1
+                    delivered += 1
+                    if ordered:
+                        next_out += 1
+                    continue
             if not pool.submit(sent, epoch, item):
                 held.append(item)
                 break
@@ -540,6 +554,9 @@ def drive(
                 res = ready.pop(seq)
                 delivered += 1
                 if res.kind == "ok":
-                    yield pool.rebuild(res)
+                    value = pool.rebuild(res)
+                    if record is not None:
+                        record.order.append(seq)
+                    yield value
                 elif res.kind == "err":
                     pool.raise_error(res)

@@ -77,7 +77,7 @@ class MapJob:
                 annotate(e, self.name, epoch, **describe_item(item, seq))
                 raise
         failed: list[str] = []
-        context = Context(epoch=epoch)
+        context = Context(epoch=epoch, offset=seq)  # the item's position in the pass
         it: Iterator[Any] = iter((item,))
         for s in self.stages:
             it = _track(s.apply(it, context), s.name, failed)
