@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     bench.add_argument(
-        "suites", nargs="*", help="throughput, startup, memory (default: all)", default=[]
+        "suites", nargs="*", help="throughput, startup, resume, memory (default: all)", default=[]
     )
     args = parser.parse_args(argv)
     if args.command == "bench":
@@ -50,7 +50,7 @@ def _bench(quick: bool, suites: list[str]) -> int:
     )
     harness = importlib.import_module("benchmarks._harness")
     rows = []
-    for name in suites or ["throughput", "startup", "memory"]:
+    for name in suites or ["throughput", "startup", "resume", "memory"]:
         module = importlib.import_module(f"benchmarks.{name}")
         print(f"running {name} ...", flush=True)
         rows.extend(module.run(quick))

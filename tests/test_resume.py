@@ -122,6 +122,17 @@ def test_output_is_bit_identical_for_any_worker_count_and_backend() -> None:
         assert list(make(workers, backend)) == want
 
 
+def test_unordered_output_is_the_same_multiset_for_any_worker_count() -> None:
+    def make(workers: int, backend: str) -> pf.Loader:
+        aug = pf.fetch(DATA) | pf.random_map(jitter, seed=3)
+        stage = pf.parallel_map(aug, workers=workers, backend=backend, ordered=False)
+        return pf.indices(60) | pf.shuffle(seed=1) | stage
+
+    want = Counter(make(0, "thread"))
+    for workers, backend in [(1, "thread"), (4, "thread"), (2, "process")]:
+        assert Counter(make(workers, backend)) == want
+
+
 def test_random_map_torch_generators_are_deterministic() -> None:
     def noise(x: int, g: torch.Generator) -> float:
         return float(torch.rand(1, generator=g))
