@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 from pipeflow._stage import Stage, stage
 from pipeflow.batch import batch, unbatch
 from pipeflow.collate import collate, default_collate, default_convert
+from pipeflow.device import pin_memory, to_device
+from pipeflow.distributed import shard
 from pipeflow.errors import PipeflowError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
+from pipeflow.shared import SharedList, shared_list
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
 from pipeflow.transforms import filter, map, random_map
@@ -37,6 +40,7 @@ __all__ = [
     "DataLoader",
     "Loader",
     "PipeflowError",
+    "SharedList",
     "Stage",
     "WorkerDiedError",
     "WorkerError",
@@ -55,9 +59,13 @@ __all__ = [
     "map",
     "parallel_map",
     "parallel_source",
+    "pin_memory",
     "random_map",
+    "shard",
+    "shared_list",
     "shuffle",
     "stage",
+    "to_device",
     "unbatch",
 ]
 

@@ -23,11 +23,11 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
+from pipeflow.device import pin_memory
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.sources import from_iterable, from_sampler
-from pipeflow.transforms import map as map_stage
 
 __all__ = ["DataLoader"]
 
@@ -152,7 +152,7 @@ class DataLoader(tud.DataLoader[T_co]):
                 work = parallel_map(work, round_robin=True, **workers)
             loader = loader | work
         if self.pin_memory and torch.accelerator.is_available():
-            loader = loader | map_stage(_pin)
+            loader = loader | pin_memory()  # in a background thread, as torch does
         if self._pf_loader is not None:  # keep the epoch count across a rebuild
             loader.set_epoch(self._pf_loader.epoch)
             self._pf_loader.close()
@@ -274,9 +274,3 @@ class DataLoader(tud.DataLoader[T_co]):
                     stacklevel=2,
                 )
             yield item
-
-
-def _pin(data: Any) -> Any:
-    from torch.utils.data._utils.pin_memory import pin_memory
-
-    return pin_memory(data)  # type: ignore[no-untyped-call]

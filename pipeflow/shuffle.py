@@ -14,7 +14,9 @@ __all__ = ["shuffle"]
 T = TypeVar("T")
 
 
-def shuffle(*, seed: int | None = None, buffer_size: int | None = None) -> Stage[T, T]:
+def shuffle(
+    *, seed: int | None = None, buffer_size: int | None = None, generator: str = "numpy"
+) -> Stage[T, T]:
     """Shuffle the items of every epoch, reproducibly from ``(seed, epoch)``.
 
     Without *buffer_size* the stage reads the whole (finite) epoch and yields a uniform random
@@ -26,10 +28,15 @@ def shuffle(*, seed: int | None = None, buffer_size: int | None = None) -> Stage
         seed: the seed; ``None`` draws one when the stage is built and keeps it (it is in the
             repr), so a run can always be reproduced.
         buffer_size: bound on the items held, or ``None`` for a full permutation.
+        generator: ``"numpy"`` (PCG64 from ``SeedSequence([seed, epoch])``), or ``"torch"``:
+            ``torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))``,
+            the permutation ``DistributedSampler(seed=seed)`` draws, so
+            ``indices(n) | shuffle(seed=s, generator="torch") | shard()`` gives every rank the
+            indices ``DistributedSampler`` gives it. Full permutations only.
 
     Raises:
         TypeError: if *seed* or *buffer_size* is not an integer.
-        ValueError: if *seed* is negative or *buffer_size* < 1.
+        ValueError: if *seed* is negative, *buffer_size* < 1, or *generator* is unknown.
 
     Examples:
         >>> import pipeflow as pf
@@ -42,6 +49,17 @@ def shuffle(*, seed: int | None = None, buffer_size: int | None = None) -> Stage
         True
     """
     seed = fresh_seed() if seed is None else check_seed("shuffle", seed)
+    if generator not in ("numpy", "torch"):
+        msg = f"shuffle: generator must be 'numpy' or 'torch' (got {generator!r})"
+        raise ValueError(msg)
+    if generator == "torch":
+        if buffer_size is not None:
+            msg = "shuffle: generator='torch' draws full permutations; drop buffer_size"
+            raise ValueError(msg)
+        if seed >= 2**63:
+            msg = f"shuffle: a torch generator's seed must be below 2**63 (got {seed})"
+            raise ValueError(msg)
+        return Stage(_permute_torch, "shuffle", {"seed": seed, "generator": "torch"}, length="same")
     if buffer_size is None:
         return Stage(_permute, "shuffle", {"seed": seed}, length="same")
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int):
@@ -58,6 +76,16 @@ def shuffle(*, seed: int | None = None, buffer_size: int | None = None) -> Stage
 def _permute(items: Iterable[T], seed: int, *, epoch: int) -> Iterator[T]:
     pool = list(items)
     order = numpy_rng(seed, epoch).permutation(len(pool)).tolist()
+    return map(pool.__getitem__, order)
+
+
+def _permute_torch(items: Iterable[T], seed: int, generator: str, *, epoch: int) -> Iterator[T]:
+    import torch
+
+    pool = list(items)
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)  # DistributedSampler's draw
+    order = torch.randperm(len(pool), generator=g).tolist()
     return map(pool.__getitem__, order)
 
 

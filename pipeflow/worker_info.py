@@ -61,3 +61,20 @@ def set_process_worker_info(info: WorkerInfo) -> None:
 def set_thread_worker_info(info: WorkerInfo | None) -> None:
     """Record *info* for the calling thread (a thread worker)."""
     _thread_info.info = info
+
+
+def in_replica() -> bool:
+    """Whether this code runs a ``parallel_source`` replica (each worker reads its own share)."""
+    return bool(getattr(_thread_info, "replica", False)) or _process_replica
+
+
+_process_replica = False
+
+
+def set_replica(flag: bool, *, thread: bool) -> None:
+    """Mark this thread (a thread worker) or process (a process worker) as a replica."""
+    global _process_replica
+    if thread:
+        _thread_info.replica = flag
+    else:
+        _process_replica = flag

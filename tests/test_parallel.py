@@ -396,3 +396,20 @@ def test_parallel_source_unordered_is_still_exactly_once(no_leaks) -> None:
 
 def test_start_methods_are_all_available() -> None:
     assert {"fork", "spawn", "forkserver"} <= set(multiprocessing.get_all_start_methods())
+
+
+def test_the_heap_stays_frozen_while_fork_workers_live_and_a_user_freeze_is_kept() -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    loader = pf.indices(4) | pf.parallel_map(square, workers=1, backend="process", persistent=True)
+    list(loader)
+    assert gc.get_freeze_count() > 0  # frozen while the worker lives
+    loader.close()
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the user's own freeze
+    try:
+        list(pf.indices(4) | pf.parallel_map(square, workers=1, backend="process"))
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

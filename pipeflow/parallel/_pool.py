@@ -42,6 +42,8 @@ __all__ = ["ProcessPool", "ThreadPool", "drive"]
 STOP_GRACE = 1.0
 _POOL_IDS = itertools.count()
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_FREEZE_HOLDERS = 0  # live fork pools that froze the heap
+_USER_FROZE = False  # the heap was frozen before any pool of ours froze it
 
 
 @atexit.register
@@ -95,6 +97,7 @@ class ProcessPool:
         self.method = context.get_start_method()
         self.closed = False
         self.broken = False
+        self.holds_freeze = False
         self.pass_id = 0
         self.active = [True] * workers
         self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
@@ -139,20 +142,38 @@ class ProcessPool:
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
-        # Freeze the heap before forking: the worker's garbage collector then never writes to
-        # the parent's objects, so their pages stay shared (copy-on-write would copy them).
-        frozen = self.method == "fork"
-        if frozen:
-            gc.freeze()
+        if self.method == "fork":
+            self._freeze()
         try:
             proc.start()
         finally:
-            if frozen:
-                gc.unfreeze()
             there.close()
         self.conns[wid], self.procs[wid] = here, proc
         self.by_fd[here.fileno()] = wid
         self.sentinels[proc.sentinel] = wid
+
+    def _freeze(self) -> None:
+        """Freeze the heap before forking, and keep it frozen while fork workers live.
+
+        The workers' garbage collector then never writes to the parent's objects, nor does
+        the parent's while they run, so those pages stay shared instead of being copied. A
+        freeze the user made is never undone.
+        """
+        global _FREEZE_HOLDERS, _USER_FROZE
+        if not self.holds_freeze:
+            if _FREEZE_HOLDERS == 0:
+                _USER_FROZE = gc.get_freeze_count() > 0
+            _FREEZE_HOLDERS += 1
+            self.holds_freeze = True
+        gc.freeze()
+
+    def _thaw(self) -> None:
+        global _FREEZE_HOLDERS
+        if self.holds_freeze:
+            self.holds_freeze = False
+            _FREEZE_HOLDERS -= 1
+            if _FREEZE_HOLDERS == 0 and not _USER_FROZE:
+                gc.unfreeze()
 
     def _pickle(self, obj: Any, what: str) -> bytes:
         try:
@@ -363,6 +384,7 @@ class ProcessPool:
             if not p.is_alive():
                 p.close()
         _shm.sweep(self.prefix)
+        self._thaw()
 
 
 class ThreadPool:

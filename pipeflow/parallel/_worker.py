@@ -26,7 +26,9 @@ from pipeflow.loader import Context, Loader
 from pipeflow.parallel import _shm
 from pipeflow.worker_info import (
     WorkerInfo,
+    get_worker_info,
     set_process_worker_info,
+    set_replica,
     set_thread_worker_info,
 )
 
@@ -127,6 +129,9 @@ class SourceJob:
         return SourceJob(Loader(self.loader.source, self.loader.stages), self.name)
 
     def run(self, item: Any, epoch: int, seq: int) -> Any:
+        info = get_worker_info()
+        if info is not None:  # shard() inside reads this worker's share
+            set_replica(True, thread=info.backend == "thread")
         if self._epoch != epoch:
             if self._it is not None:
                 self._it.close()  # type: ignore[attr-defined]

@@ -1,0 +1,135 @@
+"""Many machines: split each epoch across the ranks of a ``torch.distributed`` job."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from pipeflow._stage import Stage
+from pipeflow.loader import Context
+from pipeflow.worker_info import get_worker_info, in_replica
+
+__all__ = ["rank_and_world_size", "shard"]
+
+T = TypeVar("T")
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the world size.
+
+    From an initialised ``torch.distributed`` process group, else from the ``RANK`` and
+    ``WORLD_SIZE`` environment variables that ``torchrun`` sets, else ``(0, 1)``. torch is
+    consulted only when the program has imported it.
+
+    Examples:
+        >>> rank_and_world_size()
+        (0, 1)
+    """
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return 0, 1
+
+
+def _check(name: str, value: Any, low: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"shard: {name} must be an integer or None (got {value!r})"
+        raise TypeError(msg)
+    if value < low:
+        msg = f"shard: {name} must be at least {low} (got {value})"
+        raise ValueError(msg)
+
+
+def shard(
+    rank: int | None = None, world_size: int | None = None, *, drop_last: bool = False
+) -> Stage[T, T]:
+    """Keep this rank's share of every epoch, as ``DistributedSampler`` splits a dataset.
+
+    Items ``rank, rank + world_size, rank + 2 * world_size, ...`` of the (shuffled, the same
+    way on every rank) stream. Every rank gets the same number of items, so DDP never waits
+    on a rank that ran out: the last, incomplete round is completed with items from the
+    start of the epoch (``drop_last=False``, as ``DistributedSampler`` pads) or dropped
+    (``drop_last=True``). It streams: it holds at most ``world_size`` items, and works on
+    endless streams too.
+
+    Inside :func:`~pipeflow.parallel_source`, each worker of each rank takes its own share:
+    the stream is split over ``world_size * num_workers`` readers, with no duplicates.
+
+    Args:
+        rank: this rank; ``None`` asks ``torch.distributed`` (when initialised), else the
+            ``RANK`` environment variable (``torchrun`` sets it), else 0 — when each pass
+            starts, so the stage can be built before the process group.
+        world_size: the number of ranks, found the same way (``WORLD_SIZE``).
+        drop_last: drop the incomplete last round instead of padding it.
+
+    Raises:
+        TypeError, ValueError: for a rank or world size that is not an integer in range.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> [list(pf.indices(10) | pf.shard(r, 3)) for r in range(3)]
+        [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
+        >>> [list(pf.indices(10) | pf.shard(r, 3, drop_last=True)) for r in range(3)]
+        [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    """
+    _check("rank", rank, 0)
+    _check("world_size", world_size, 1)
+    if rank is not None and world_size is not None and rank >= world_size:
+        msg = f"shard: rank must be below world_size (got rank={rank}, world_size={world_size})"
+        raise ValueError(msg)
+    if not isinstance(drop_last, bool):
+        msg = f"shard: drop_last must be a bool (got {drop_last!r})"
+        raise TypeError(msg)
+    config = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
+    return Stage(_shard, "shard", config, length=_shard_length)
+
+
+def _resolve(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    auto_rank, auto_world = rank_and_world_size()
+    r = auto_rank if rank is None else rank
+    w = auto_world if world_size is None else world_size
+    if not 0 <= r < w:
+        msg = f"shard: rank {r} is not below world_size {w}"
+        raise ValueError(msg)
+    info = get_worker_info()
+    if info is not None and in_replica():  # a parallel_source replica: ranks x workers
+        return r * info.num_workers + info.id, w * info.num_workers
+    return r, w
+
+
+def _shard_length(n: int, rank: int | None, world_size: int | None, drop_last: bool) -> int:
+    _, w = _resolve(rank, world_size)
+    return n // w if drop_last else -(-n // w)
+
+
+def _shard(
+    items: Iterable[T],
+    rank: int | None,
+    world_size: int | None,
+    drop_last: bool,
+    *,
+    context: Context,
+) -> Iterator[T]:
+    r, w = _resolve(rank, world_size)
+    head: list[T] = []  # the epoch's first items: what pads the last round
+    group: list[T] = []
+    for item in items:
+        if len(head) < w:
+            head.append(item)
+        group.append(item)
+        if len(group) == w:
+            yield group[r]
+            group.clear()
+    if group and not drop_last:
+        missing = w - len(group)
+        filler = (head * -(-missing // len(head)))[:missing]  # repeats head if it is short
+        yield (group + filler)[r]

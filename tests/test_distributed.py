@@ -1,0 +1,157 @@
+"""Sharding across ranks: DistributedSampler's semantics, and a real gloo process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.utils.data as tud
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pipeflow as pf
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@given(
+    n=st.integers(0, 60),
+    world=st.integers(1, 5),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**40),
+    epoch=st.integers(0, 50),
+)
+def test_shards_equal_distributed_samplers(n, world, drop_last, seed, epoch) -> None:
+    everything = []
+    for rank in range(world):
+        loader = (
+            pf.indices(n)
+            | pf.shuffle(seed=seed, generator="torch")
+            | pf.shard(rank, world, drop_last=drop_last)
+        )
+        loader.set_epoch(epoch)
+        sampler = tud.DistributedSampler(
+            range(n), num_replicas=world, rank=rank, seed=seed, drop_last=drop_last
+        )
+        sampler.set_epoch(epoch)
+        got = list(loader)
+        assert got == list(sampler)
+        assert len(loader) == len(sampler) == len(got)
+        everything.append(got)
+    assert len({len(shard) for shard in everything}) <= 1  # every rank the same count
+    flat = [i for shard in everything for i in shard]
+    if drop_last:
+        assert len(flat) == len(set(flat)) == n - n % world
+    else:
+        assert set(flat) == set(range(n))
+        assert len(flat) == (-(-n // world) * world if n else 0)
+
+
+def test_shard_streams_holding_at_most_world_size_items() -> None:
+    pulled = []
+
+    def stream():
+        for i in range(10_000):
+            pulled.append(i)
+            yield i
+
+    it = iter(pf.from_iterable(stream()) | pf.shard(1, 4))
+    assert [next(it) for _ in range(3)] == [1, 5, 9]
+    assert len(pulled) <= 12
+    it.close()
+
+
+def test_rank_and_world_size_come_from_torchrun_environment(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert list(pf.indices(9) | pf.shard()) == [2, 5, 8]
+    assert len(pf.indices(9) | pf.shard()) == 3
+
+
+class Stream:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_iterable_sources_split_over_ranks_and_workers_without_duplicates(backend) -> None:
+    shards = []
+    for rank in range(2):
+        replica = pf.from_iterable(Stream(50)) | pf.shard(rank, 2, drop_last=True)
+        loader = pf.parallel_source(replica, workers=3, backend=backend)
+        shards.append(list(loader))
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat)) == 48  # 50 over 2 ranks x 3 workers, tail dropped
+    assert len(shards[0]) == len(shards[1])
+
+
+def test_resume_stays_exact_per_rank() -> None:
+    def make(rank: int) -> pf.Loader:
+        return pf.indices(37) | pf.shuffle(seed=1) | pf.shard(rank, 3) | pf.batch(4)
+
+    for rank in range(3):
+        want = list(make(rank))
+        first = make(rank)
+        it = iter(first)
+        head = [next(it) for _ in range(2)]
+        resumed = make(rank)
+        resumed.load_state_dict(first.state_dict())
+        assert head + list(resumed) == want
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc"),
+    [
+        (dict(rank=-1), ValueError),
+        (dict(rank=3, world_size=3), ValueError),
+        (dict(world_size=0), ValueError),
+        (dict(rank=1.0), TypeError),
+        (dict(drop_last="no"), TypeError),
+    ],
+)
+def test_bad_shard_arguments(kwargs, exc) -> None:
+    with pytest.raises(exc, match="shard"):
+        pf.shard(**kwargs)
+
+
+def check_ranks(out: Path, world: int) -> None:
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    for epoch in range(2):
+        shards = [r["pipeline"][epoch] for r in ranks]
+        for r in ranks:
+            assert r["pipeline"][epoch] == r["sampler"][epoch] == r["facade"][epoch]
+        assert len({len(s) for s in shards}) == 1
+        assert set().union(*shards) == set(range(23))
+        per_rank_batches = -(-len(shards[0]) // 4)
+        assert all(r["reduced"][epoch] == per_rank_batches * world for r in ranks)
+    assert ranks[0]["pipeline"][0] != ranks[0]["pipeline"][1]  # a new order every epoch
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_real_gloo_process_group_under_torchrun(world, tmp_path) -> None:
+    env = {**os.environ, "PIPEFLOW_DDP_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world}",
+            str(ROOT / "tests" / "_ddp.py"),
+        ],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        timeout=180,
+        capture_output=True,
+    )
+    check_ranks(tmp_path, world)
