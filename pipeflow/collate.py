@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from pipeflow import _alloc
 from pipeflow._stage import Stage
 
 if TYPE_CHECKING:
@@ -57,8 +56,6 @@ _CONVERT_BY_TYPE: dict[type, _Converter] = {}
 # torch's `default_collate_fn_map`, in its insertion order, for subclasses of those types.
 _COLLATE_BY_ISINSTANCE: list[tuple[type | tuple[type, ...], _Collator]] = []
 _SPARSE_LAYOUTS: frozenset[Any] = frozenset()
-# torch dtype -> numpy dtype, for the tensor dtypes a numpy buffer can hold (filled by _load).
-_NUMPY_OF: dict[Any, Any] = {}
 
 # torch refuses arrays of strings and objects; it looks for these letters in `dtype.str`.
 _STR_OBJ_DTYPE = re.compile(r"[SaUO]")
@@ -237,15 +234,6 @@ def _collate_tensors(batch: Sequence[Any]) -> Any:
             numel = sum(x.numel() for x in batch)
             storage = elem._typed_storage()._new_shared(numel, device=elem.device)
             out = elem.new(storage).resize_(len(batch), *elem.size())
-        elif (
-            _alloc.in_arena()
-            and elem.device.type == "cpu"
-            and elem.dtype in _NUMPY_OF
-            and all(t.dtype == elem.dtype for t in batch)  # else torch.stack promotes
-        ):
-            # In a pipeflow worker: straight into its shared-memory arena.
-            shape = (len(batch), *elem.shape)
-            out = torch.from_numpy(_alloc.empty(shape, _NUMPY_OF[elem.dtype]))
         return torch.stack(cast("list[torch.Tensor]", batch), 0, out=out)
     except RuntimeError as error:
         _raise_if_shapes_differ(batch, error)
@@ -292,8 +280,8 @@ def _stack_arrays(batch: Sequence[Any], elem: Any) -> Any:
             proto: Any = torch.from_numpy(np.empty(0, dtype=elem.dtype))
             storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
             out = proto.new(storage).resize_(shape)
-        else:  # plain memory, or a pipeflow worker's shared-memory arena
-            out = torch.from_numpy(_alloc.empty(shape, elem.dtype))
+        else:
+            out = torch.from_numpy(np.empty(shape, dtype=elem.dtype))
         _join_arrays(batch, out.numpy())
     except (TypeError, ValueError):
         return None
@@ -492,21 +480,6 @@ def _load() -> None:
 
     _SPARSE_LAYOUTS = frozenset(
         {torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc, torch.sparse_bsc}
-    )
-    _NUMPY_OF.update(
-        {
-            torch.bool: np.dtype(np.bool_),
-            torch.uint8: np.dtype(np.uint8),
-            torch.int8: np.dtype(np.int8),
-            torch.int16: np.dtype(np.int16),
-            torch.int32: np.dtype(np.int32),
-            torch.int64: np.dtype(np.int64),
-            torch.float16: np.dtype(np.float16),
-            torch.float32: np.dtype(np.float32),
-            torch.float64: np.dtype(np.float64),
-            torch.complex64: np.dtype(np.complex64),
-            torch.complex128: np.dtype(np.complex128),
-        }
     )
     by_isinstance: list[tuple[type | tuple[type, ...], _Collator]] = [
         (torch.Tensor, _collate_tensors),

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from pipeflow import _alloc
 from pipeflow._stage import Stage
 from pipeflow.collate import _NP_SCALARS_FAST, _collate_default, default_collate
 
@@ -73,7 +72,7 @@ def _leaf_arrays(batch: tuple[Any, ...] | list[Any]) -> Pending:
     for a in batch:
         if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
             raise _NeedTorch
-    out = _alloc.empty((len(batch), *shape), dtype)  # C-contiguous, in the worker's arena
+    out = np.empty((len(batch), *shape), dtype=dtype)  # C-contiguous, as torch.stack makes
     np.stack(batch, out=out)
     return Pending(out)
 

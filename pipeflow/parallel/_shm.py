@@ -21,7 +21,6 @@ from typing import Any
 
 __all__ = [
     "SHM_DIR",
-    "Arena",
     "decode",
     "discard",
     "discard_all",
@@ -88,77 +87,16 @@ def _dispatch_table() -> dict[Any, Any]:
 
 
 # -- encode (worker) / decode (main) ---------------------------------------------------------------
-class Arena:
-    """A worker's shared-memory allocations: an array made here travels back by name.
-
-    ``collate`` allocates its batch with :func:`pipeflow._alloc.empty`, which in a process
-    worker lands here: the batch is written once, straight into a ``/dev/shm`` file, and
-    :func:`encode` sends the file's name instead of copying it again. Allocations a result did
-    not use are unlinked after each task (:meth:`release`).
-    """
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.count = 0
-        self.live: dict[str, tuple[int, int, mmap.mmap]] = {}
-
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        import numpy as np
-
-        dt = np.dtype(dtype)
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n * dt.itemsize
-        if nbytes < INLINE_LIMIT:
-            return np.empty(shape, dt)
-        name = f"{self.prefix}a{self.count}"
-        self.count += 1
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            mm = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-        array = np.frombuffer(mm, dtype=dt, count=n).reshape(shape)
-        start = _address(array)
-        self.live[name] = (start, start + nbytes, mm)
-        return array
-
-    def find(self, raw: memoryview) -> tuple[str, int] | None:
-        """The segment and offset holding *raw*, if it lies in one of ours."""
-        if not self.live or raw.nbytes == 0:
-            return None
-        addr = _address(raw)
-        for name, (start, end, _) in self.live.items():
-            if start <= addr and addr + raw.nbytes <= end:
-                return name, addr - start
-        return None
-
-    def release(self, sent: set[str]) -> None:
-        """Forget this task's allocations; unlink those no result took."""
-        for name in self.live:
-            if name not in sent:
-                discard(name)
-        self.live.clear()
-
-
-def _address(buffer: Any) -> int:
-    import numpy as np
-
-    return int(np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0])
-
-
-def encode(obj: Any, name: str, arena: Arena | None = None) -> tuple[bytes, list[str], list[Any]]:
+def encode(obj: Any, name: str) -> tuple[bytes, list[str], list[Any]]:
     """Pickle *obj*; its large buffers go by shared memory, small ones inline.
 
-    Buffers that already live in *arena* travel by their segment's name. The others, when
-    they add up to :data:`INLINE_LIMIT` or more, are written with one ``pwritev`` into a new
-    segment *name*.
+    When the out-of-band buffers add up to :data:`INLINE_LIMIT` or more, they are written
+    with one ``pwritev`` into a new segment *name*. (That measured faster than making the
+    batch straight in a mapped ``/dev/shm`` file, whose pages fault in one by one.)
 
     Returns:
         ``(data, segments, layout)``: *layout* has one ``(segment index, offset, nbytes)`` per
-        buffer, or, with no segments, the buffers' bytes.
+        buffer, or, with no segments, the buffers themselves.
     """
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
@@ -169,38 +107,21 @@ def encode(obj: Any, name: str, arena: Arena | None = None) -> tuple[bytes, list
     if not buffers:
         return data, [], []
     raws = [b.raw() for b in buffers]
-    placed: list[tuple[str, int] | None] = [
-        arena.find(r) if arena is not None else None for r in raws
-    ]
-    rest = [r for r, p in zip(raws, placed) if p is None]
-    if not any(placed) and sum(r.nbytes for r in rest) < INLINE_LIMIT:
+    if sum(r.nbytes for r in raws) < INLINE_LIMIT:
         return data, [], [bytearray(r) for r in raws]  # writable arrays on arrival
-    segments: list[str] = []
-    index: dict[str, int] = {}
-    layout: list[tuple[int, int, int]] = []
     iov: list[Any] = []
+    layout: list[tuple[int, int, int]] = []
     offset = 0
-    for r, p in zip(raws, placed):
-        if p is not None:
-            seg, off = p
-            if seg not in index:
-                index[seg] = len(segments)
-                segments.append(seg)
-            layout.append((index[seg], off, r.nbytes))
-            continue
+    for r in raws:
         pad = -offset % _ALIGN
         if pad:
             iov.append(_ZEROS[:pad])
             offset += pad
         iov.append(r)
-        layout.append((-1, offset, r.nbytes))
+        layout.append((0, offset, r.nbytes))
         offset += r.nbytes
-    if iov:
-        _write_segment(name, iov, offset)
-        segments.append(name)
-        last = len(segments) - 1
-        layout = [(last if s == -1 else s, o, n) for s, o, n in layout]
-    return data, segments, layout
+    _write_segment(name, iov, offset)
+    return data, [name], layout
 
 
 def _write_segment(name: str, iov: list[Any], total: int) -> None:

@@ -18,7 +18,6 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeflow import _alloc
 from pipeflow._random import seed_sequence_state
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
@@ -227,8 +226,6 @@ def process_main(
             worker_init = pickle.loads(worker_init)
         if "torch" not in sys.modules:
             job.without_torch()
-        arena = _shm.Arena(f"{prefix}")
-        _alloc.use(arena.empty)
         seed = seed_worker(base_seed, worker_id)
         info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
         set_process_worker_info(info)
@@ -258,14 +255,13 @@ def process_main(
             reply = _error_message(seq, e)
         else:
             try:
-                data, segments, layout = _shm.encode(out, f"{prefix}{count}", arena)
+                data, segments, layout = _shm.encode(out, f"{prefix}{count}")
                 count += 1
                 reply = ("ok", seq, data, segments, layout)
             except Exception as e:
                 annotate(e, job.name, epoch, extra="the result could not be sent back")
                 reply = _error_message(seq, e)
             del out
-        arena.release(set(reply[3]) if reply[0] == "ok" else set())
         try:
             send(pickle.dumps((pass_id, *reply), protocol=5))
         except (BrokenPipeError, OSError):
