@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e ".[dev,docs,compat]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,docs,compat,plot]"
 	touch $(STAMP)
 
 lint: $(STAMP)

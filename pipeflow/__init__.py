@@ -25,6 +25,7 @@ from pipeflow.errors import PipeflowError, WorkerDiedError, WorkerError, WorkerT
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
+from pipeflow.progress import progress
 from pipeflow.shared import SharedList, shared_list
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
@@ -60,6 +61,7 @@ __all__ = [
     "parallel_map",
     "parallel_source",
     "pin_memory",
+    "progress",
     "random_map",
     "shard",
     "shared_list",

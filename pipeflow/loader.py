@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -10,6 +11,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
+from pipeflow.stats import LoaderRecord, StageRecord, Stats
 
 __all__ = ["Context", "Loader", "Source"]
 
@@ -39,6 +41,12 @@ class Context:
     records: dict[int, Any] = field(default_factory=dict)
     #: What resuming tells out-of-order stages, by stage position.
     resume: dict[int, Any] = field(default_factory=dict)
+    #: Where this stage's statistics go (a :class:`pipeflow.stats.StageRecord`).
+    record: Any = None
+    #: The number of items the loader yields per epoch, when known (for progress bars).
+    length: int | None = None
+    #: How many items each stage yields per epoch (index 0: the source), when known.
+    lengths: tuple[int | None, ...] = ()
 
 
 class Source(Generic[Out]):
@@ -93,6 +101,8 @@ class Loader(Generic[Out]):
         "_next",
         "_next_epoch",
         "_progress",
+        "_record",
+        "_recording",
         "_source",
         "_stages",
     )
@@ -107,6 +117,8 @@ class Loader(Generic[Out]):
         self._next: dict[str, Any] = {}  # where the next pass starts, when resuming
         self._epoch: int | None = None
         self._progress: _Progress | None = None
+        self._record: LoaderRecord | None = None
+        self._recording = True
         self._active: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
 
     # -- structure --------------------------------------------------------------------------
@@ -180,14 +192,50 @@ class Loader(Generic[Out]):
         resume, self._next = self._next, {}
         self._next_epoch = epoch + 1
         self._epoch = epoch
-        context = Context(epoch=epoch, base_seed=base_seed, resume=resume.get("stages", {}))
+        lengths = [self._source.length()]
+        for s in self._stages:
+            n = lengths[-1]
+            lengths.append(None if n is None else s.length(n))
+        context = Context(
+            epoch=epoch,
+            base_seed=base_seed,
+            resume=resume.get("stages", {}),
+            length=lengths[-1],
+            lengths=tuple(lengths),
+        )
         progress = _Progress(epoch, resume.get("position", 0), context.records)
         if self._progress is not None:
             self._progress.superseded = True
         self._progress = progress
-        it = _run(self._source, self._stages, context, progress)
+        if self._record is None:
+            self._record = LoaderRecord([self._source.name, *(s.name for s in self._stages)])
+        record = self._record if self._recording else None
+        it = _run(self._source, self._stages, context, progress, record)
         self._active.add(it)
         return it
+
+    # -- statistics -------------------------------------------------------------------------
+    def stats(self) -> Stats:
+        """Per-stage counts and times since the loader was built, and the bottleneck.
+
+        ``print(loader.stats())`` shows a table; the returned :class:`~pipeflow.stats.Stats`
+        holds the same numbers as data (``.to_dict()`` for JSON), and ``.plot(path)`` draws
+        them.
+        """
+        from pipeflow.stats import summarize
+
+        if self._record is None:
+            self._record = LoaderRecord([self._source.name, *(s.name for s in self._stages)])
+        return summarize(self._record)
+
+    def reset_stats(self) -> None:
+        """Start the statistics afresh (say, after a warm-up epoch)."""
+        self._record = None
+
+    def set_stats(self, enabled: bool) -> None:
+        """Turn the recording of statistics on or off for the next passes (on by default;
+        it costs two clock reads per item per stage)."""
+        self._recording = bool(enabled)
 
     # -- resumption -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -273,6 +321,7 @@ def _run(
     stages: tuple[Stage[Any, Any], ...],
     context: Context,
     progress: _Progress | None = None,
+    record: LoaderRecord | None = None,
 ) -> Iterator[Any]:
     """One epoch: build the chain of iterators now (as torch does at ``iter()``), drive it later."""
     chain: list[Iterator[Any]] = []
@@ -285,10 +334,11 @@ def _run(
         boundary, skip = skip_plan(stages, progress.start)
     offset = 0  # items skipped before the current stage's input
     try:
+        recs = record.stages if record is not None else [None] * (len(stages) + 1)
         it: Iterator[Any] = source.iterate(context)
         if boundary == 0 and skip:
             it, offset = itertools.islice(it, skip, None), skip
-        chain.append(_watch(it, name, context))
+        chain.append(_watch(it, name, context, None, recs[0]))
         fetched: list[Any] | None = None
         for i, s in enumerate(stages):
             name = s.name
@@ -296,30 +346,57 @@ def _run(
             if name == "fetch":  # remember what it fetched: the next stage's errors name it
                 keys: list[Any] = [None]
                 upstream = _remember(upstream, keys)
-            it = s.apply(upstream, replace(context, offset=offset, stage_index=i))
+            it = s.apply(
+                upstream, replace(context, offset=offset, stage_index=i, record=recs[i + 1])
+            )
             if offset:  # the outputs this stage did not make because of the skip below it
                 offset = offset if s.length(offset) is None else s.length(offset) or 0
             if boundary == i + 1 and skip:
                 it, offset = itertools.islice(it, skip, None), skip
-            chain.append(_watch(it, name, context, fetched))
+            chain.append(_watch(it, name, context, fetched, recs[i + 1]))
             fetched = keys if name == "fetch" else None
     except Exception as e:
         annotate(e, name, context.epoch)
         _close_all(chain)
         raise
-    return _drive(chain, progress)
+    return _drive(chain, progress, record)
 
 
-def _drive(chain: list[Iterator[Any]], progress: _Progress | None) -> Iterator[Any]:
-    try:
-        if progress is None:
+def _drive(
+    chain: list[Iterator[Any]], progress: _Progress | None, record: LoaderRecord | None
+) -> Iterator[Any]:
+    if progress is None:
+        try:
             yield from chain[-1]
-        else:
+        finally:
+            _close_all(chain)
+        return
+    if record is None:  # statistics off: count what is delivered, for state_dict()
+        try:
             for item in chain[-1]:
                 progress.delivered += 1
                 yield item
             progress.done = True
+        finally:
+            _close_all(chain)
+        return
+    clock = time.perf_counter_ns
+    record.passes += 1
+    waits = record.waits
+    it = chain[-1]
+    start = t = clock()
+    try:
+        for item in it:
+            now = clock()
+            waits.append(now - t)
+            record.wait_ns += now - t
+            progress.delivered += 1
+            yield item
+            t = clock()
+        record.wait_ns += clock() - t
+        progress.done = True
     finally:
+        record.wall_ns += clock() - start
         _close_all(chain)
 
 
@@ -331,18 +408,38 @@ def _close_all(chain: list[Iterator[Any]]) -> None:
 
 
 def _watch(
-    it: Iterator[Any], name: str, context: Context, fetched: list[Any] | None = None
+    it: Iterator[Any],
+    name: str,
+    context: Context,
+    fetched: list[Any] | None = None,
+    rec: StageRecord | None = None,
 ) -> Iterator[Any]:
-    """Pass items through, naming this stage in any exception that starts inside it.
+    """Pass items through, timing the stage and naming it in any exception it starts.
 
     Right after a ``fetch``, *fetched* holds the key it fetched last: the note then names the
     sample indices of the batch that failed (a collate of ragged samples, say).
     """
     n = 0
+    clock = time.perf_counter_ns
     try:
+        if rec is None:
+            for item in it:
+                n += 1
+                yield item
+            return
+        t = clock()
         for item in it:
+            now = clock()
+            rec.busy_ns += now - t
+            rec.items += 1
+            if now - rec.last_sample >= 100_000_000:
+                rec.sample(now)
             n += 1
             yield item
+            t = clock()
+        now = clock()
+        rec.busy_ns += now - t
+        rec.sample(now)
     except Exception as e:
         key = fetched[0] if fetched is not None else None
         if type(key) is list:

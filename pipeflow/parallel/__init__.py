@@ -152,6 +152,10 @@ def _run(
     from pipeflow.parallel._pool import drive
 
     workers = config["workers"]
+    stats = context.record
+    if stats is not None and workers:
+        stats.workers = workers
+        stats.max_in_flight = config["max_in_flight"] or 2 * workers
     # Items are numbered by their position in the pass (a resumed pass starts further on), so
     # per-item randomness does not depend on where the pass started or on the workers.
     first = context.offset
@@ -188,6 +192,7 @@ def _run(
             first=first,
             skip=skip,
             record=record,
+            stats=stats,
         )
         ok = True
     finally:

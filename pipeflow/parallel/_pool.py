@@ -67,10 +67,11 @@ def _what(items: dict[int, Any]) -> str:
 
 
 class _Result:
-    __slots__ = ("kind", "payload", "seq", "worker")
+    __slots__ = ("kind", "payload", "seq", "took", "worker")
 
-    def __init__(self, kind: str, seq: int, payload: Any, worker: int) -> None:
+    def __init__(self, kind: str, seq: int, payload: Any, worker: int, took: int = 0) -> None:
         self.kind, self.seq, self.payload, self.worker = kind, seq, payload, worker
+        self.took = took  # nanoseconds the worker spent on the item
 
 
 class ProcessPool:
@@ -292,8 +293,8 @@ class ProcessPool:
             return None
         self.outstanding[wid].pop(seq, None)
         if kind == "ok":
-            data, segments, layout = rest
-            return _Result("ok", seq, (data, segments, layout), wid)
+            data, segments, layout, took = rest
+            return _Result("ok", seq, (data, segments, layout), wid, took)
         if kind == "end":
             self.active[wid] = False
             return _Result("end", seq, None, wid)
@@ -464,7 +465,7 @@ class ThreadPool:
         except queue.Empty:
             return None
         while True:
-            pass_id, kind, seq, payload, wid = msg
+            pass_id, kind, seq, payload, wid, took = msg
             if kind == "err" and seq == -1:
                 payload.add_note(f"pipeflow: worker_init in thread worker {wid} failed")
                 raise payload
@@ -472,7 +473,7 @@ class ThreadPool:
                 self.outstanding.pop(seq, None)
                 if kind == "end":
                     self.active[wid] = False
-                out.append(_Result(kind, seq, payload, wid))
+                out.append(_Result(kind, seq, payload, wid, took))
             try:
                 msg = self.results.get_nowait()
             except queue.Empty:
@@ -512,6 +513,7 @@ def drive(
     first: int = 0,
     skip: frozenset[int] = frozenset(),
     record: Any = None,
+    stats: Any = None,
 ) -> Iterator[Any]:
     """Feed *upstream* (``None``: the workers are sources) to *pool*; yield what comes back.
 
@@ -562,6 +564,12 @@ def drive(
             raise WorkerTimeoutError(msg)
         for res in results:
             ready[res.seq] = res
+        if stats is not None:  # queue occupancy and per-item times, for loader.stats()
+            stats.in_flight += sent - delivered
+            stats.in_flight_samples += 1
+            for res in results:
+                stats.task_ns.append(res.took)
+                stats.task_total_ns += res.took
         if ordered:
             while next_out in ready:
                 res = ready.pop(next_out)

@@ -247,6 +247,7 @@ def process_main(
         pass_id, seq, epoch, item = msg
         if not told_torch:
             told_torch = _tell_torch(info)
+        started = time.perf_counter_ns()
         try:
             out = job.run(item, epoch, seq)
         except Exhausted:
@@ -255,9 +256,10 @@ def process_main(
             reply = _error_message(seq, e)
         else:
             try:
+                took = time.perf_counter_ns() - started  # the item's time, for stats
                 data, segments, layout = _shm.encode(out, f"{prefix}{count}")
                 count += 1
-                reply = ("ok", seq, data, segments, layout)
+                reply = ("ok", seq, data, segments, layout, took)
             except Exception as e:
                 annotate(e, job.name, epoch, extra="the result could not be sent back")
                 reply = _error_message(seq, e)
@@ -290,7 +292,7 @@ def thread_main(
         if worker_init is not None:
             worker_init(worker_id)
     except BaseException as e:
-        results.put((None, "err", -1, e, worker_id))
+        results.put((None, "err", -1, e, worker_id, 0))
         return
     while True:
         msg = tasks.get()
@@ -299,10 +301,13 @@ def thread_main(
         pass_id, seq, epoch, item = msg
         if pass_id != current[0]:
             continue  # a task of an abandoned pass
+        started = time.perf_counter_ns()
         try:
-            results.put((pass_id, "ok", seq, job.run(item, epoch, seq), worker_id))
+            out = job.run(item, epoch, seq)
         except Exhausted:
-            results.put((pass_id, "end", seq, None, worker_id))
+            results.put((pass_id, "end", seq, None, worker_id, 0))
         except BaseException as e:
-            results.put((pass_id, "err", seq, e, worker_id))
+            results.put((pass_id, "err", seq, e, worker_id, 0))
+        else:
+            results.put((pass_id, "ok", seq, out, worker_id, time.perf_counter_ns() - started))
     set_thread_worker_info(None)

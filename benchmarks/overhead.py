@@ -1,0 +1,54 @@
+"""What the always-on statistics cost on the tiny-sample workload (must stay under 5 %).
+
+Run: ``python -m benchmarks.overhead [--quick]``. The same pf.DataLoader pipeline with
+recording on and off, alternating; the row's "torch" column is torch's DataLoader, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch.utils.data as tud
+
+import pipeflow as pf
+from benchmarks import datasets as data
+from benchmarks._harness import Row, epoch_rate, median, table
+
+
+def run(quick: bool) -> list[Row]:
+    ds = data.Points(20_000 if quick else 100_000)
+    dl = pf.DataLoader(ds, batch_size=64)
+    loader = dl.pipeline()
+    ref = tud.DataLoader(ds, batch_size=64)
+    on, off, torch_rates = [], [], []
+    for rep in range(7 if quick else 15):
+        for enabled in (True, False) if rep % 2 else (False, True):
+            loader.set_stats(enabled)
+            (on if enabled else off).append(epoch_rate(dl)[0])
+        torch_rates.append(epoch_rate(ref)[0])
+    loader.set_stats(True)
+    overhead = 1 - median(on) / median(off)
+    time.sleep(0)
+    return [
+        Row(
+            "stats on, tiny samples, batch 64",
+            "samples/s",
+            median(on),
+            median(torch_rates),
+            "overhead < 5%",
+            note=f"stats off: {median(off):,.0f}/s; overhead {overhead:.1%}",
+        )
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    print(table(run(parser.parse_args(argv).quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

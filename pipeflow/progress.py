@@ -1,0 +1,88 @@
+"""A progress bar for a loader: items/s, and the time left when the length is known."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from pipeflow._stage import Stage
+from pipeflow.loader import Context
+
+__all__ = ["progress"]
+
+T = TypeVar("T")
+
+
+def progress(
+    *, desc: str | None = None, unit: str = "it", total: int | None = None, force: bool = False
+) -> Stage[T, T]:
+    """Show a progress bar (tqdm) as items pass: the count, items per second, and the ETA.
+
+    Put it last in a loader. The total is the loader's length at this point when it can be
+    computed (else give *total*); a resumed pass starts the bar where it resumed. The bar is
+    off when output is not a terminal (a log file, CI), unless *force*.
+
+    Args:
+        desc: the bar's label; default ``"epoch <n>"``.
+        unit: what an item is called (``"batch"``, ``"img"``...).
+        total: the number of items, when the loader can't tell.
+        force: show the bar even when output is not a terminal.
+
+    Raises:
+        TypeError: for arguments of the wrong type.
+        ValueError: if *total* is negative.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> loader = pf.indices(100) | pf.batch(10) | pf.progress(unit="batch")
+        >>> len(list(loader))  # no bar here: doctest output is not a terminal
+        10
+    """
+    if desc is not None and not isinstance(desc, str):
+        msg = f"progress: desc must be a string or None (got {desc!r})"
+        raise TypeError(msg)
+    if not isinstance(unit, str):
+        msg = f"progress: unit must be a string (got {unit!r})"
+        raise TypeError(msg)
+    if total is not None:
+        if isinstance(total, bool) or not isinstance(total, int):
+            msg = f"progress: total must be an integer or None (got {total!r})"
+            raise TypeError(msg)
+        if total < 0:
+            msg = f"progress: total must be at least 0 (got {total})"
+            raise ValueError(msg)
+    if not isinstance(force, bool):
+        msg = f"progress: force must be a bool (got {force!r})"
+        raise TypeError(msg)
+    config = {"desc": desc, "unit": unit, "total": total, "force": force}
+    return Stage(_progress, "progress", config, length="same", skip="same")
+
+
+def _progress(
+    items: Iterable[T],
+    desc: str | None,
+    unit: str,
+    total: int | None,
+    force: bool,
+    *,
+    context: Context,
+) -> Iterator[T]:
+    from tqdm.auto import tqdm
+
+    index = context.stage_index + 1
+    if total is None and 0 <= index < len(context.lengths):
+        total = context.lengths[index]
+    bar: Any = tqdm(
+        total=total,
+        initial=context.offset,
+        desc=desc if desc is not None else f"epoch {context.epoch}",
+        unit=unit,
+        disable=False if force else None,  # None: on only for a terminal
+        dynamic_ncols=True,
+    )
+    try:
+        for item in items:
+            bar.update(1)
+            yield item
+    finally:
+        bar.close()
