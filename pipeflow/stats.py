@@ -63,13 +63,12 @@ class StageRecord:
 class LoaderRecord:
     """The loader-wide part: passes, wall time, the consumer's waits."""
 
-    __slots__ = ("passes", "stages", "started", "wait_ns", "waits", "wall_ns")
+    __slots__ = ("passes", "stages", "started", "waits", "wall_ns")
 
     def __init__(self, names: list[str]) -> None:
         self.stages = [StageRecord(n) for n in names]
         self.passes = 0
         self.wall_ns = 0
-        self.wait_ns = 0
         self.waits: deque[int] = deque(maxlen=_KEEP)
         self.started = time.perf_counter_ns()
 
@@ -258,7 +257,8 @@ def summarize(record: LoaderRecord) -> Stats:
             )
         )
     waits = list(record.waits)
-    wait_s = record.wait_ns / 1e9
+    # The consumer waits exactly while the last stage's iterator runs.
+    wait_s = record.stages[-1].busy_ns / 1e9 if record.stages else 0.0
     fraction = wait_s / wall if wall else 0.0
     bottleneck, advice = _diagnose(stages, fraction)
     return Stats(
