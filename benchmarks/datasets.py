@@ -34,12 +34,17 @@ class PointsBatched(Points):
 
 
 class NumpyAugment:
-    """~1 ms of numpy per sample on a 3x64x64 image; numpy releases the GIL while it works."""
+    """~1 ms of numpy per sample on a 3x224x224 image; numpy releases the GIL while it works.
 
-    def __init__(self, n: int, rounds: int = 6) -> None:
+    Few operations on large arrays, as an image augmentation does: numpy runs each one without
+    the GIL. (Many operations on small arrays would hold the GIL between them, and measure
+    the interpreter rather than the loader.)
+    """
+
+    def __init__(self, n: int, rounds: int = 1) -> None:
         self.n = n
         self.rounds = rounds
-        self.base = np.random.default_rng(0).random((3, 64, 64), dtype=np.float32)
+        self.base = np.random.default_rng(0).random((3, 224, 224), dtype=np.float32)
 
     def __len__(self) -> int:
         return self.n
@@ -96,10 +101,14 @@ class Images:
         return np.full((3, 224, 224), i, dtype=np.float32)
 
 
-def time_per_sample(dataset: Any, n: int = 30) -> float:
-    """Seconds per ``dataset[i]`` in this process (the single-core cost)."""
+def time_per_sample(dataset: Any, n: int = 30, rounds: int = 5) -> float:
+    """Seconds per ``dataset[i]`` in this process (the single-core cost): the median of
+    *rounds* timings of *n* items, as the machine is shared."""
     dataset[0]
-    start = time.perf_counter()
-    for i in range(n):
-        dataset[i]
-    return (time.perf_counter() - start) / n
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for i in range(n):
+            dataset[i]
+        times.append((time.perf_counter() - start) / n)
+    return sorted(times)[len(times) // 2]
