@@ -184,6 +184,10 @@ class DataLoader(tud.DataLoader[T_co]):
             return self._count_against_len(it, self._IterableDataset_len_called)
         return it
 
+    def stats(self) -> Any:
+        """The statistics of the pipeline this DataLoader runs (see ``Loader.stats``)."""
+        return self.pipeline().stats()
+
     # -- resumption (torchdata's StatefulDataLoader interface) ---------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands, JSON-serialisable: give it to :meth:`load_state_dict`.

@@ -67,6 +67,11 @@ def _progress(
     *,
     context: Context,
 ) -> Iterator[T]:
+    import sys
+
+    if not force and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        yield from items  # no terminal: no bar (and no tqdm monitor thread)
+        return
     from tqdm.auto import tqdm
 
     index = context.stage_index + 1
@@ -77,7 +82,7 @@ def _progress(
         initial=context.offset,
         desc=desc if desc is not None else f"epoch {context.epoch}",
         unit=unit,
-        disable=False if force else None,  # None: on only for a terminal
+        disable=False,
         dynamic_ncols=True,
     )
     try:

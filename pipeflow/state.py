@@ -1,15 +1,17 @@
 """Exact resumption: what ``Loader.state_dict()`` records, and how it is checked and replayed.
 
-A state is a small JSON-serialisable dict::
+A state is a small JSON-serialisable dict:
 
-    {
-        "pipeflow_state": 1,              # the format's version
-        "epoch": 3,                       # the epoch to resume
-        "position": 1200,                 # outputs of that epoch already consumed
-        "stages": {"4": {"prefix": 8000, "extras": [8003, 8010]}},  # out-of-order stages
-        "pipeline": ["indices(50000)", "shuffle(seed=0)", "batch(size=64, drop_last=False)", ...],
-        "length": 782,                    # outputs per epoch, when known
-    }
+```python
+{
+    "pipeflow_state": 1,              # the format's version
+    "epoch": 3,                       # the epoch to resume
+    "position": 1200,                 # outputs of that epoch already consumed
+    "stages": {"4": {"prefix": 8000, "extras": [8003, 8010]}},  # out-of-order stages
+    "pipeline": ["indices(50000)", "shuffle(seed=0)", "batch(size=64, drop_last=False)", ...],
+    "length": 782,                    # outputs per epoch, when known
+}
+```
 
 Resuming skips the consumed items *below* the stages that make batches of them: the first
 ``position`` outputs of ``indices | shuffle | batch(64) | fetch | collate`` are the first

@@ -83,11 +83,13 @@ class StageStats:
         seconds: time inside the stage's iterator, its upstream's included.
         own_seconds: time in the stage's own code: ``seconds`` minus its upstream's.
         wait_seconds: time it waited for its upstream.
-        items_per_second: ``items / seconds`` of wall time since the first pass began.
+        items_per_second: ``items`` over the time the passes ran (summed).
         workers: for a parallel stage, its workers (else ``None``).
         worker_busy: the fraction of the workers' time spent on items (parallel stages).
         queue_occupancy: the average fraction of ``max_in_flight`` in use (parallel stages).
-        item_seconds_p50, item_seconds_p90, item_seconds_p99: per-item time in a worker.
+        item_seconds_p50: median per-item time in a worker (parallel stages).
+        item_seconds_p90: 90th percentile of the per-item time in a worker.
+        item_seconds_p99: 99th percentile of the per-item time in a worker.
         series: ``(seconds since the start, items so far)`` points, for plots.
     """
 
@@ -113,10 +115,11 @@ class Stats:
     Attributes:
         stages: one :class:`StageStats` per stage, the source first.
         passes: passes started.
-        wall_seconds: time from the first pass's start until now (or the last pass's end).
+        wall_seconds: the time the passes ran, summed (until now for one in progress).
         consumer_wait_seconds: total time the consumer waited for items.
         consumer_wait_fraction: that, over the time the passes ran.
-        consumer_wait_p50, consumer_wait_p99: per-item waits, in seconds.
+        consumer_wait_p50: the median wait for one item, in seconds.
+        consumer_wait_p99: the 99th percentile of the wait for one item, in seconds.
         bottleneck: the stage that limits the loader, or ``"consumer"`` when the loader keeps
             up (the training step is the slow part).
         advice: why, and what to try.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import errno
 import io
 import mmap
 import os
@@ -130,9 +131,15 @@ def _write_segment(name: str, iov: list[Any], total: int) -> None:
     try:
         os.ftruncate(fd, total)
         _write_all(fd, iov, total)
-    except BaseException:
+    except BaseException as e:
         os.close(fd)
         os.unlink(path)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            msg = (
+                f"{SHM_DIR} is full: a {total:,}-byte result did not fit; enlarge it (for "
+                "Docker: docker run --shm-size=8g) or lower max_in_flight"
+            )
+            raise OSError(errno.ENOSPC, msg) from e
         raise
     os.close(fd)
 

@@ -261,7 +261,8 @@ def process_main(
                 count += 1
                 reply = ("ok", seq, data, segments, layout, took)
             except Exception as e:
-                annotate(e, job.name, epoch, extra="the result could not be sent back")
+                where = describe_item(item, seq)
+                annotate(e, job.name, epoch, extra="the result could not be sent back", **where)
                 reply = _error_message(seq, e)
             del out
         try:
