@@ -37,7 +37,7 @@ class _Box:
             pool.close()
 
 
-def _check(
+def _settings(
     name: str,
     *,
     workers: Any,
@@ -48,7 +48,9 @@ def _check(
     worker_init: Any,
     timeout: Any,
     persistent: Any,
-) -> None:
+    seed: Any,
+) -> dict[str, Any]:
+    """Validate the settings both parallel stages share; return them, the seed drawn."""
     if isinstance(workers, bool) or not isinstance(workers, int):
         msg = f"{name}: workers must be an integer (got {workers!r})"
         raise TypeError(msg)
@@ -96,6 +98,17 @@ def _check(
     if not isinstance(persistent, bool):
         msg = f"{name}: persistent must be a bool (got {persistent!r})"
         raise TypeError(msg)
+    return {
+        "workers": workers,
+        "backend": backend,
+        "ordered": ordered,
+        "max_in_flight": max_in_flight,
+        "mp_context": mp_context,
+        "worker_init": worker_init,
+        "timeout": timeout,
+        "persistent": persistent,
+        "seed": fresh_seed() if seed is None else check_seed(name, seed),
+    }
 
 
 def _context(mp_context: Any) -> multiprocessing.context.BaseContext:
@@ -419,34 +432,25 @@ def parallel_map(
     elif not callable(fn):
         msg = f"parallel_map: fn must be callable or a stage (got {type(fn).__name__})"
         raise TypeError(msg)
-    _check(
-        "parallel_map",
-        workers=workers,
-        backend=backend,
-        ordered=ordered,
-        max_in_flight=max_in_flight,
-        mp_context=mp_context,
-        worker_init=worker_init,
-        timeout=timeout,
-        persistent=persistent,
-    )
-    seed = fresh_seed() if seed is None else check_seed("parallel_map", seed)
-    config = {
-        "fn": fn,
-        "workers": workers,
-        "backend": backend,
-        "ordered": ordered,
-        "max_in_flight": max_in_flight,
-        "mp_context": mp_context,
-        "worker_init": worker_init,
-        "timeout": timeout,
-        "persistent": persistent,
-        "seed": seed,
-        "round_robin": round_robin,
-    }
     if not isinstance(round_robin, bool):
         msg = f"parallel_map: round_robin must be a bool (got {round_robin!r})"
         raise TypeError(msg)
+    config = {
+        "fn": fn,
+        **_settings(
+            "parallel_map",
+            workers=workers,
+            backend=backend,
+            ordered=ordered,
+            max_in_flight=max_in_flight,
+            mp_context=mp_context,
+            worker_init=worker_init,
+            timeout=timeout,
+            persistent=persistent,
+            seed=seed,
+        ),
+        "round_robin": round_robin,
+    }
     return ParallelMap(config)
 
 
@@ -510,7 +514,7 @@ def parallel_source(
     if not isinstance(loader, Loader):
         msg = f"parallel_source: loader must be a pipeflow loader (got {type(loader).__name__})"
         raise TypeError(msg)
-    _check(
+    config = _settings(
         "parallel_source",
         workers=workers,
         backend=backend,
@@ -520,17 +524,6 @@ def parallel_source(
         worker_init=worker_init,
         timeout=timeout,
         persistent=persistent,
+        seed=seed,
     )
-    seed = fresh_seed() if seed is None else check_seed("parallel_source", seed)
-    config = {
-        "workers": workers,
-        "backend": backend,
-        "ordered": ordered,
-        "max_in_flight": max_in_flight,
-        "mp_context": mp_context,
-        "worker_init": worker_init,
-        "timeout": timeout,
-        "persistent": persistent,
-        "seed": seed,
-    }
     return Loader(_ParallelSource(loader, config))
