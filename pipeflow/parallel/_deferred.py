@@ -21,23 +21,9 @@ from pipeflow.collate import _NP_SCALARS_FAST, _collate_default, default_collate
 
 __all__ = ["Pending", "defer_tensors"]
 
-# numpy dtypes that torch.from_numpy takes on every supported torch (>= 2.1)
-_DTYPES = frozenset(
-    np.dtype(t)
-    for t in (
-        np.bool_,
-        np.int8,
-        np.int16,
-        np.int32,
-        np.int64,
-        np.uint8,
-        np.float16,
-        np.float32,
-        np.float64,
-        np.complex64,
-        np.complex128,
-    )
-)
+# numpy dtypes that torch.from_numpy takes on every supported torch (>= 2.1): the dtypes of
+# the scalar types default_collate's fast path takes.
+_DTYPES = frozenset(np.dtype(t) for t in _NP_SCALARS_FAST)
 _INTS = frozenset({int, bool})
 _INT_RESULTS = frozenset({np.dtype(np.int64), np.dtype(np.bool_)})
 
@@ -97,7 +83,7 @@ def _collate(batch: tuple[Any, ...] | list[Any]) -> Any:
             raise _NeedTorch
         return Pending(np.array(batch, dtype=np.float64))
     if kind in _NP_SCALARS_FAST:
-        if set(map(type, batch)) != {kind} or np.dtype(kind) not in _DTYPES:
+        if set(map(type, batch)) != {kind}:
             raise _NeedTorch
         return Pending(np.array(batch))
     if kind is str or kind is bytes:
