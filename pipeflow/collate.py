@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from pipeflow._stage import Stage
+from pipeflow.parallel import _shm
 
 if TYPE_CHECKING:
     import torch
@@ -280,8 +281,8 @@ def _stack_arrays(batch: Sequence[Any], elem: Any) -> Any:
             proto: Any = torch.from_numpy(np.empty(0, dtype=elem.dtype))
             storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
             out = proto.new(storage).resize_(shape)
-        else:
-            out = torch.from_numpy(np.empty(shape, dtype=elem.dtype))
+        else:  # in a pipeflow process worker, memory the batch will travel in
+            out = torch.from_numpy(_shm.empty(shape, elem.dtype))
         _join_arrays(batch, out.numpy())
     except (TypeError, ValueError):
         return None

@@ -19,7 +19,12 @@ from tests.test_collate import COLLATE_EXAMPLES, assert_same, batches, outcome
 
 def travel(result: Any) -> Any:
     """A result's trip from a worker to the main process (pipeflow's transport)."""
-    return _shm.decode(*_shm.encode(result, f"pipeflow-test-{os.getpid()}"))
+    writer = _shm.Writer(f"pipeflow-test-{os.getpid()}-")
+    try:
+        data, segment, layout, _ = writer.encode(result)
+        return _shm.Reader().decode(0, data, segment, layout)
+    finally:
+        writer.close()
 
 
 def arrive(batch: Any) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeflow._stage import Stage
 from pipeflow.collate import _NP_SCALARS_FAST, _collate_default, default_collate
+from pipeflow.parallel import _shm
 
 __all__ = ["Pending", "defer_tensors"]
 
@@ -58,7 +59,7 @@ def _leaf_arrays(batch: tuple[Any, ...] | list[Any]) -> Pending:
     for a in batch:
         if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
             raise _NeedTorch
-    out = np.empty((len(batch), *shape), dtype=dtype)  # C-contiguous, as torch.stack makes
+    out = _shm.empty((len(batch), *shape), dtype)  # C-contiguous, as torch.stack makes
     np.stack(batch, out=out)
     return Pending(out)
 

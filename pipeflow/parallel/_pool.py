@@ -121,6 +121,8 @@ class ProcessPool:
         self.procs: list[Any] = [None] * workers
         self.by_fd: dict[int, int] = {}
         self.sentinels: dict[int, int] = {}
+        self.reader = _shm.Reader()
+        self.freed: dict[int, list[int]] = {}  # segments to hand back, by worker
         _LIVE.add(self)
 
     def _start(self, wid: int) -> None:
@@ -208,8 +210,12 @@ class ProcessPool:
             self._start(wid)
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
+        if self.reader.freed:
+            for w, ids in self.reader.take_freed().items():
+                self.freed.setdefault(w, []).extend(ids)
+        freed = self.freed.pop(wid, None)
         try:
-            self.conns[wid].send((self.pass_id, seq, epoch, item))
+            self.conns[wid].send((self.pass_id, seq, epoch, item, freed))
         except OSError:  # BrokenPipeError: the worker is gone
             self._died(wid)
         self.outstanding[wid][seq] = item
@@ -286,22 +292,29 @@ class ProcessPool:
             self.avg = took if self.avg is None else 0.8 * self.avg + 0.2 * took
         self.warm[wid] = True
         self.head_since[wid] = now
+        if kind == "ok" and rest[4]:
+            self.reader.retire(wid, rest[4])
         if pass_id != self.pass_id:  # a late result of an abandoned pass
             self.stale[wid] -= 1
             if kind == "ok":
-                _shm.discard_all(rest[1])
+                self.reader.discard(wid, rest[1])
             return None
         self.outstanding[wid].pop(seq, None)
         if kind == "ok":
-            data, segments, layout, took = rest
-            return _Result("ok", seq, (data, segments, layout), wid, took)
+            data, segment, layout, took, _ = rest
+            return _Result("ok", seq, (data, segment, layout), wid, took)
         if kind == "end":
             self.active[wid] = False
             return _Result("end", seq, None, wid)
         return _Result("err", seq, rest, wid)
 
     def rebuild(self, res: _Result) -> Any:
-        return _shm.decode(*res.payload)
+        return self.reader.decode(res.worker, *res.payload)
+
+    def drop(self, res: _Result) -> None:
+        """A result that will not be delivered (the pass was abandoned)."""
+        if res.kind == "ok":
+            self.reader.discard(res.worker, res.payload[1])
 
     def raise_error(self, res: _Result) -> None:
         self._raise_remote(res.payload, None)
@@ -376,8 +389,8 @@ class ProcessPool:
             try:
                 while c.poll():
                     msg = pickle.loads(c.recv_bytes())
-                    if msg[1] == "ok":
-                        _shm.discard_all(msg[4])
+                    if msg[1] == "ok" and msg[4] is not None:
+                        _shm.discard(msg[4][0])
             except (EOFError, OSError):
                 pass
             c.close()
@@ -385,6 +398,7 @@ class ProcessPool:
             if not p.is_alive():
                 p.close()
         _shm.sweep(self.prefix)
+        self.reader.close()
         self._thaw()
 
 
@@ -482,6 +496,9 @@ class ThreadPool:
     def rebuild(self, res: _Result) -> Any:
         return res.payload
 
+    def drop(self, res: _Result) -> None:
+        pass
+
     def raise_error(self, res: _Result) -> None:
         raise res.payload
 
@@ -528,65 +545,69 @@ def drive(
     next_out = first
     ready: dict[int, Any] = {}
     held: list[Any] = []  # an item pulled from upstream that no worker had room for yet
-    while True:
-        while not exhausted and sent - delivered < max_in_flight:
-            if held:
-                item = held.pop()
-            elif source is None:
-                if not pool.can_submit():
-                    exhausted = True
+    try:
+        while True:
+            while not exhausted and sent - delivered < max_in_flight:
+                if held:
+                    item = held.pop()
+                elif source is None:
+                    if not pool.can_submit():
+                        exhausted = True
+                        break
+                    item = None
+                else:
+                    try:
+                        item = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    if sent in skip:  # delivered before the resumption
+                        sent += 1
+                        delivered += 1
+                        if ordered:
+                            next_out += 1
+                        continue
+                if not pool.submit(sent, epoch, item):
+                    held.append(item)
                     break
-                item = None
-            else:
-                try:
-                    item = next(source)
-                except StopIteration:
-                    exhausted = True
-                    break
-                if sent in skip:  # delivered before the resumption
-                    sent += 1
-                    delivered += 1
-                    if ordered:
-                        next_out += 1
-                    continue
-            if not pool.submit(sent, epoch, item):
-                held.append(item)
-                break
-            sent += 1
-        if sent == delivered and not held:
-            return
-        results = pool.collect(timeout)
-        if results is None:
-            msg = (
-                f"parallel stage {pool.name!r}: no result within timeout={timeout} s; "
-                f"in flight: {pool.in_flight()}"
-            )
-            raise WorkerTimeoutError(msg)
-        for res in results:
-            ready[res.seq] = res
-        if stats is not None:  # queue occupancy and per-item times, for loader.stats()
-            stats.in_flight += sent - delivered
-            stats.in_flight_samples += 1
+                sent += 1
+            if sent == delivered and not held:
+                return
+            results = pool.collect(timeout)
+            if results is None:
+                msg = (
+                    f"parallel stage {pool.name!r}: no result within timeout={timeout} s; "
+                    f"in flight: {pool.in_flight()}"
+                )
+                raise WorkerTimeoutError(msg)
             for res in results:
-                stats.task_ns.append(res.took)
-                stats.task_total_ns += res.took
-        if ordered:
-            while next_out in ready:
-                res = ready.pop(next_out)
-                next_out += 1
-                delivered += 1
-                if res.kind == "ok":
-                    yield pool.rebuild(res)
-                elif res.kind == "err":
-                    pool.raise_error(res)
-        else:
-            for seq in list(ready):
-                res = ready.pop(seq)
-                delivered += 1
-                if res.kind == "ok":
-                    value = pool.rebuild(res)
-                    if record is not None:
-                        record.order.append(seq)
-                    yield value
-                elif res.kind == "err":
-                    pool.raise_error(res)
+                ready[res.seq] = res
+            if stats is not None:  # queue occupancy and per-item times, for loader.stats()
+                stats.in_flight += sent - delivered
+                stats.in_flight_samples += 1
+                for res in results:
+                    stats.task_ns.append(res.took)
+                    stats.task_total_ns += res.took
+            if ordered:
+                while next_out in ready:
+                    res = ready.pop(next_out)
+                    next_out += 1
+                    delivered += 1
+                    if res.kind == "ok":
+                        yield pool.rebuild(res)
+                    elif res.kind == "err":
+                        pool.raise_error(res)
+            else:
+                for seq in list(ready):
+                    res = ready.pop(seq)
+                    delivered += 1
+                    if res.kind == "ok":
+                        value = pool.rebuild(res)
+                        if record is not None:
+                            record.order.append(seq)
+                        yield value
+                    elif res.kind == "err":
+                        pool.raise_error(res)
+    finally:  # results that arrived but will not be delivered give their segments back
+        for res in ready.values():
+            pool.drop(res)

@@ -1,31 +1,38 @@
 """Moving results between processes: pickle protocol 5 with the large buffers in shared memory.
 
 A worker pickles a result with its numpy arrays (and CPU tensors, viewed as arrays) *out of
-band*. When those buffers are large, it writes them with one ``pwritev`` into a new file in
-``/dev/shm`` and sends only the small pickle and the file's name; the main process maps the
-file, unlinks it at once (so it can't leak), and rebuilds the arrays as views of the mapping:
-no copy through the pipe, and no copy on arrival. Small results travel inline.
+band*. When those buffers are large, it writes them into a file in ``/dev/shm`` and sends only
+the small pickle and the file's name; the main process maps the file, unlinks it at once (so it
+can't leak), and rebuilds the arrays as views of the mapping: no copy through the pipe, and no
+copy on arrival. Small results travel inline.
+
+Segments are recycled: when the last array rebuilt from one is gone, the main process tells its
+worker, which writes a later result into the same, already allocated, pages (see
+:class:`Writer`). The files stay unlinked all along: a killed process leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copyreg
 import errno
 import io
+import math
 import mmap
 import os
 import pickle
 import sys
 import tempfile
+import threading
 from typing import Any
 
 __all__ = [
     "SHM_DIR",
-    "decode",
+    "Reader",
+    "Writer",
     "discard",
-    "discard_all",
-    "encode",
+    "empty",
     "segment_prefix",
     "sweep",
 ]
@@ -88,48 +95,231 @@ def _dispatch_table() -> dict[Any, Any]:
 
 
 # -- encode (worker) / decode (main) ---------------------------------------------------------------
-def encode(obj: Any, name: str) -> tuple[bytes, list[str], list[Any]]:
-    """Pickle *obj*; its large buffers go by shared memory, small ones inline.
+#: A segment description in a reply: ``(name, seg_id, capacity)``. *name* is set when the
+#: segment is new (the main process maps it, then unlinks it); *seg_id* is ``-1`` for a
+#: segment the worker did not keep (used once).
+Segment = tuple[str | None, int, int]
 
-    When the out-of-band buffers add up to :data:`INLINE_LIMIT` or more, they are written
-    with one ``pwritev`` into a new segment *name*. (That measured faster than making the
-    batch straight in a mapped ``/dev/shm`` file, whose pages fault in one by one.)
 
-    Returns:
-        ``(data, segments, layout)``: *layout* has one ``(segment index, offset, nbytes)`` per
-        buffer, or, with no segments, the buffers themselves.
+def _capacity(total: int) -> int:
+    """Round a segment up (to within ~6 %) so that results of nearby sizes can share it."""
+    step = max(mmap.PAGESIZE, 1 << max(0, total.bit_length() - 5))
+    return -(-total // step) * step
+
+
+_ACTIVE: list[Any] = [None, None, None]  # [pid, thread id, Writer] of this process's worker
+
+
+def empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """``numpy.empty``; in a process worker's task thread, memory where the result travels.
+
+    A collate makes its batch with this, so the batch needs no copy to be sent (see
+    :meth:`Writer.empty`).
     """
-    buffers: list[pickle.PickleBuffer] = []
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
-    pickler.dispatch_table = _dispatch_table()
-    pickler.dump(obj)
-    data = out.getvalue()
-    if not buffers:
-        return data, [], []
-    raws = [b.raw() for b in buffers]
-    if sum(r.nbytes for r in raws) < INLINE_LIMIT:
-        return data, [], [bytearray(r) for r in raws]  # writable arrays on arrival
-    iov: list[Any] = []
-    layout: list[tuple[int, int, int]] = []
-    offset = 0
-    for r in raws:
-        pad = -offset % _ALIGN
-        if pad:
-            iov.append(_ZEROS[:pad])
-            offset += pad
-        iov.append(r)
-        layout.append((0, offset, r.nbytes))
-        offset += r.nbytes
-    _write_segment(name, iov, offset)
-    return data, [name], layout
+    pid, thread, writer = _ACTIVE
+    if writer is not None and pid == os.getpid() and thread == threading.get_ident():
+        return writer.empty(shape, dtype)
+    import numpy as np
+
+    return np.empty(shape, dtype)
 
 
-def _write_segment(name: str, iov: list[Any], total: int) -> None:
+class Writer:
+    """A worker's side: pickles results, writing large buffers into shared-memory segments.
+
+    Segments are *recycled*: the worker keeps each one (its file already unlinked by the main
+    process, which keeps its mapping) and, once the main process reports that nothing there
+    uses it any more, writes the next result into the same pages. Writing into pages that
+    exist is a plain copy; a fresh segment makes the kernel allocate and zero every page,
+    which costs more than the copy itself. At most *keep* segments are kept; beyond that a
+    segment is used once and dropped, as when the consumer holds on to many batches.
+    """
+
+    def activate(self) -> None:
+        """Make :func:`empty` hand out this writer's memory, in this thread only."""
+        _ACTIVE[:] = [os.getpid(), threading.get_ident(), self]
+
+    def __init__(self, prefix: str, keep: int = 16) -> None:
+        self.prefix = prefix
+        self.keep = keep
+        self.count = 0
+        self.fds: dict[int, int] = {}  # kept segments: id -> fd
+        self.sizes: dict[int, int] = {}
+        self.maps: dict[int, mmap.mmap] = {}  # the worker's own mapping, made on first reuse
+        self.free: set[int] = set()
+        self.reserved: int | None = None  # the segment `empty` hands out memory from
+        self.cursor = 0  # bytes of it handed out
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new array for this task's result, in a free kept segment when one has room.
+
+        A collate stacks into it, so the batch is made where it travels: no copy at
+        :meth:`encode`, and pages that are already there. Otherwise ``numpy.empty``.
+        """
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.reserved is None and nbytes >= INLINE_LIMIT:
+            self.reserved = self._reusable(nbytes, [])
+            self.cursor = 0
+        start = self.cursor + (-self.cursor % _ALIGN)
+        if self.reserved is None or start + nbytes > self.sizes[self.reserved]:
+            return np.empty(shape, dtype)
+        self.cursor = start + nbytes
+        mm = self._mapping(self.reserved)
+        return np.frombuffer(mm, np.uint8, nbytes, start).view(dtype).reshape(shape)
+
+    def unreserve(self) -> None:
+        """Give back the segment `empty` took, unless a result went out in it."""
+        if self.reserved is not None:
+            self.free.add(self.reserved)
+            self.reserved = None
+
+    def release(self, ids: list[int]) -> None:
+        """The main process is done with these segments: they may be written again."""
+        self.free.update(i for i in ids if i in self.fds)
+
+    def encode(self, obj: Any) -> tuple[bytes, Segment | None, list[Any], list[int]]:
+        """Pickle *obj*; its large buffers go by shared memory, small ones inline.
+
+        Returns:
+            ``(data, segment, layout, retired)``: *layout* has one ``(offset, nbytes)`` per
+            buffer, or, with no segment, the buffers themselves; *retired* names kept segments
+            the worker dropped (the main process drops its mapping of them).
+        """
+        buffers: list[pickle.PickleBuffer] = []
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+        pickler.dispatch_table = _dispatch_table()
+        pickler.dump(obj)
+        data = out.getvalue()
+        if not buffers:
+            return data, None, [], []
+        raws = [b.raw() for b in buffers]
+        if sum(r.nbytes for r in raws) < INLINE_LIMIT:
+            return data, None, [bytearray(r) for r in raws], []  # writable arrays on arrival
+        iov: list[Any] = []
+        layout: list[tuple[int, int]] = []
+        offset = 0
+        for r in raws:
+            pad = -offset % _ALIGN
+            if pad:
+                iov.append(_ZEROS[:pad])
+                offset += pad
+            iov.append(r)
+            layout.append((offset, r.nbytes))
+            offset += r.nbytes
+        if self.reserved is not None:
+            placed = self._place(raws)
+            if placed is not None:
+                used, self.reserved = self.reserved, None
+                return data, (None, used, self.sizes[used]), placed, []
+            self.unreserve()
+        retired: list[int] = []
+        reuse = self._reusable(offset, retired)
+        if reuse is not None:
+            self._copy_into(reuse, iov)
+            return data, (None, reuse, self.sizes[reuse]), layout, retired
+        name = f"{self.prefix}{self.count}"
+        seg_id = self.count if len(self.fds) < self.keep else -1
+        self.count += 1
+        capacity = _capacity(offset)
+        fd = _write_segment(name, iov, offset, capacity)
+        if seg_id < 0:
+            os.close(fd)
+        else:
+            self.fds[seg_id], self.sizes[seg_id] = fd, capacity
+        return data, (name, seg_id, capacity), layout, retired
+
+    def _reusable(self, total: int, retired: list[int]) -> int | None:
+        """The smallest free kept segment that fits *total* bytes (taken off the free set).
+
+        When none fits and no more may be kept, the smallest free one is dropped to make room.
+        """
+        fits = [i for i in self.free if self.sizes[i] >= total]
+        if fits:
+            best = min(fits, key=self.sizes.__getitem__)
+            self.free.discard(best)
+            return best
+        if self.free and len(self.fds) >= self.keep:
+            drop = min(self.free, key=self.sizes.__getitem__)
+            self.free.discard(drop)
+            self._drop(drop)
+            retired.append(drop)
+        return None
+
+    def _place(self, raws: list[memoryview]) -> list[tuple[int, int]] | None:
+        """The layout of *raws* in the reserved segment: buffers `empty` made there stay put,
+        the others are copied after them. None when they don't all fit."""
+        import numpy as np
+
+        seg_id = self.reserved
+        assert seg_id is not None
+        mm = self._mapping(seg_id)
+        base = np.frombuffer(mm, np.uint8)
+        lo = base.ctypes.data
+        layout: list[tuple[int, int]] = []
+        copies: list[tuple[int, memoryview]] = []
+        end = self.cursor
+        for r in raws:
+            addr = np.frombuffer(r, np.uint8).ctypes.data if r.nbytes else 0
+            if lo <= addr and addr + r.nbytes <= lo + self.cursor:
+                layout.append((addr - lo, r.nbytes))
+                continue
+            start = end + (-end % _ALIGN)
+            end = start + r.nbytes
+            if end > self.sizes[seg_id]:
+                return None
+            layout.append((start, r.nbytes))
+            copies.append((start, r))
+        for start, r in copies:
+            mm[start : start + r.nbytes] = r
+        return layout
+
+    def _mapping(self, seg_id: int) -> mmap.mmap:
+        """The worker's mapping of a kept segment, populated at once: one call instead of a
+        fault per page."""
+        mm = self.maps.get(seg_id)
+        if mm is None:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = self.maps[seg_id] = mmap.mmap(self.fds[seg_id], self.sizes[seg_id], flags=flags)
+        return mm
+
+    def _copy_into(self, seg_id: int, iov: list[Any]) -> None:
+        mm = self._mapping(seg_id)
+        pos = 0
+        for chunk in iov:
+            view = memoryview(chunk).cast("B")
+            mm[pos : pos + view.nbytes] = view
+            pos += view.nbytes
+
+    def _drop(self, seg_id: int) -> None:
+        mm = self.maps.pop(seg_id, None)
+        if mm is not None:
+            with contextlib.suppress(BufferError):  # an array of the user's still uses it
+                mm.close()
+        os.close(self.fds.pop(seg_id))
+        del self.sizes[seg_id]
+
+    def close(self) -> None:
+        if _ACTIVE[2] is self:
+            _ACTIVE[:] = [None, None, None]
+        for seg_id in list(self.fds):
+            self._drop(seg_id)
+        self.free.clear()
+
+
+def _write_segment(name: str, iov: list[Any], total: int, capacity: int) -> int:
+    """Create segment *name* of *capacity* bytes holding *iov*; return its open fd.
+
+    One ``pwritev`` into a new file measured faster than writing through a mapping of it,
+    whose pages would fault in one by one.
+    """
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.ftruncate(fd, total)
+        os.ftruncate(fd, capacity)
         _write_all(fd, iov, total)
     except BaseException as e:
         os.close(fd)
@@ -141,7 +331,7 @@ def _write_segment(name: str, iov: list[Any], total: int) -> None:
             )
             raise OSError(errno.ENOSPC, msg) from e
         raise
-    os.close(fd)
+    return fd
 
 
 def _write_all(fd: int, iov: list[Any], total: int) -> None:
@@ -163,35 +353,98 @@ def _write_all(fd: int, iov: list[Any], total: int) -> None:
         written = pos
 
 
-def decode(data: bytes, segments: list[str], layout: list[Any]) -> Any:
-    """Rebuild what :func:`encode` made; each segment is unlinked as soon as it is mapped."""
-    if not segments:
-        return pickle.loads(data, buffers=layout)
-    views = []
-    try:
-        for seg in segments:
-            path = os.path.join(SHM_DIR, seg)
-            fd = os.open(path, os.O_RDWR)
+class _Lease:
+    """The base of every array rebuilt from one result's segment: when the last of them is
+    gone, the segment goes back to its worker."""
+
+    __slots__ = ("__array_interface__", "_done", "_key", "_map")
+
+    def __init__(self, base: Any, key: tuple[int, int], done: Any) -> None:
+        self.__array_interface__ = base.__array_interface__
+        self._map = base  # keeps the mapping alive while any view of it lives
+        self._key = key
+        self._done = done
+
+    def __del__(self) -> None:
+        self._done(self._key)
+
+
+class Reader:
+    """The main process's side: maps segments, rebuilds results as views of them, and hands
+    each kept segment back to its worker once nothing uses it (see :class:`Writer`)."""
+
+    def __init__(self) -> None:
+        self.maps: dict[tuple[int, int], Any] = {}  # (worker, seg_id) -> uint8 array over it
+        self.freed: collections.deque[tuple[int, int]] = collections.deque()  # any thread
+
+    def decode(self, wid: int, data: bytes, segment: Segment | None, layout: list[Any]) -> Any:
+        """Rebuild what :meth:`Writer.encode` made in worker *wid*."""
+        if segment is None:
+            return pickle.loads(data, buffers=layout)
+        base = self._map(wid, segment)
+        if segment[1] >= 0:
+            import numpy as np
+
+            base = np.asarray(_Lease(base, (wid, segment[1]), self.freed.append))
+        return pickle.loads(data, buffers=[base[o : o + n] for o, n in layout])
+
+    def _map(self, wid: int, segment: Segment) -> Any:
+        name, seg_id, capacity = segment
+        if name is None:
+            return self.maps[wid, seg_id]
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        import numpy as np
+
+        base = np.frombuffer(mm, dtype=np.uint8)
+        if seg_id >= 0:
+            self.maps[wid, seg_id] = base
+        return base
+
+    def discard(self, wid: int, segment: Segment | None) -> None:
+        """A result that will not be decoded: its segment goes back (or away) unread."""
+        if segment is None:
+            return
+        name, seg_id, _ = segment
+        if seg_id < 0:
+            discard(name)
+            return
+        with contextlib.suppress(OSError):
+            self._map(wid, segment)
+        self.freed.append((wid, seg_id))
+
+    def retire(self, wid: int, ids: list[int]) -> None:
+        """The worker dropped these kept segments."""
+        for seg_id in ids:
+            self.maps.pop((wid, seg_id), None)
+
+    def take_freed(self) -> dict[int, list[int]]:
+        """Segments no longer used here, by worker, to tell the workers."""
+        out: dict[int, list[int]] = {}
+        while True:
             try:
-                mm = mmap.mmap(fd, os.fstat(fd).st_size)
-            finally:
-                os.close(fd)
-                os.unlink(path)
-            views.append(memoryview(mm))
-    except BaseException:
-        discard_all(segments)
-        raise
-    return pickle.loads(data, buffers=[views[s][o : o + n] for s, o, n in layout])
+                wid, seg_id = self.freed.popleft()
+            except IndexError:
+                return out
+            out.setdefault(wid, []).append(seg_id)
+
+    def forget(self, wid: int) -> None:
+        """Worker *wid* is gone: drop its mappings (views still in use keep theirs)."""
+        for key in [k for k in self.maps if k[0] == wid]:
+            del self.maps[key]
+
+    def close(self) -> None:
+        self.maps.clear()
+        self.freed.clear()
 
 
 def discard(segment: str | None) -> None:
-    """Unlink a segment whose result will not be decoded."""
+    """Unlink a segment file whose result will not be decoded."""
     if segment is not None:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(SHM_DIR, segment))
-
-
-def discard_all(segments: list[str]) -> None:
-    """Unlink every segment of a result that will not be decoded."""
-    for seg in segments:
-        discard(seg)

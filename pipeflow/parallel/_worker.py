@@ -236,7 +236,8 @@ def process_main(
         conn.send_bytes(pickle.dumps((None, *_error_message(-1, e))))
         return
     send, recv = conn.send_bytes, conn.recv
-    count = 0
+    writer = _shm.Writer(prefix)
+    writer.activate()
     while True:
         try:
             msg = recv()
@@ -244,7 +245,9 @@ def process_main(
             break
         if msg is None:
             break
-        pass_id, seq, epoch, item = msg
+        pass_id, seq, epoch, item, freed = msg
+        if freed:
+            writer.release(freed)
         if not told_torch:
             told_torch = _tell_torch(info)
         started = time.perf_counter_ns()
@@ -257,20 +260,21 @@ def process_main(
         else:
             try:
                 took = time.perf_counter_ns() - started  # the item's time, for stats
-                data, segments, layout = _shm.encode(out, f"{prefix}{count}")
-                count += 1
-                reply = ("ok", seq, data, segments, layout, took)
+                data, segment, layout, retired = writer.encode(out)
+                reply = ("ok", seq, data, segment, layout, took, retired)
             except Exception as e:
                 where = describe_item(item, seq)
                 annotate(e, job.name, epoch, extra="the result could not be sent back", **where)
                 reply = _error_message(seq, e)
             del out
+        writer.unreserve()
         try:
             send(pickle.dumps((pass_id, *reply), protocol=5))
         except (BrokenPipeError, OSError):
-            if reply[0] == "ok":
-                _shm.discard_all(reply[3])
+            if reply[0] == "ok" and reply[3] is not None:
+                _shm.discard(reply[3][0])
             break
+    writer.close()
     conn.close()
 
 
