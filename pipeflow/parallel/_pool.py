@@ -40,6 +40,8 @@ __all__ = ["ProcessPool", "ThreadPool", "drive"]
 
 #: How long workers get to finish their current item after being told to stop.
 STOP_GRACE = 1.0
+#: How long the other workers wait to start while the first makes its first result.
+START_STAGGER = 0.05
 _POOL_IDS = itertools.count()
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _FREEZE_HOLDERS = 0  # live fork pools that froze the heap
@@ -64,6 +66,41 @@ def _what(items: dict[int, Any]) -> str:
         else:
             return f"items {sorted(items)}"
     return f"sample indices {describe_indices(flat)}" if flat else "no items"
+
+
+def _warm_source_cache() -> None:
+    """Read, once, the source files a forked worker's ``torch.manual_seed`` will read.
+
+    Until CUDA (XPU, MTIA) is initialised, ``torch.manual_seed`` queues the seed with
+    ``traceback.format_stack()``, three times, and that reads every source file on the stack
+    into :mod:`linecache`: ~7 ms in each new worker. A forked worker inherits this process's
+    cache, so reading the files here, once, saves it in every worker.
+    """
+    if "torch" not in sys.modules or _WARMED:
+        return
+    import linecache
+    import traceback
+
+    _WARMED.append(True)
+    traceback.extract_stack()  # the files on this stack, which a forked worker's stack shares
+    for name in (
+        "torch.random",
+        "torch.cuda",
+        "torch.cuda.random",
+        "torch.xpu",
+        "torch.xpu.random",
+        "torch.mtia",
+        "multiprocessing.context",
+        "multiprocessing.popen_fork",
+        "multiprocessing.process",
+        "pipeflow.parallel._worker",
+    ):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            linecache.getlines(path)
+
+
+_WARMED: list[bool] = []
 
 
 class _Result:
@@ -107,11 +144,13 @@ class ProcessPool:
         self.head_since = [0.0] * workers  # when each worker's current task started, roughly
         self.avg: float | None = None  # moving average of the time per task
         self.warm = [False] * workers  # a worker's first result also timed its start-up
-        self._rr = itertools.cycle(range(workers))
+        self.rr_next = 0  # round robin: the worker the next task goes to
+        self.first_start: float | None = None  # when the first worker started
         if self.method == "fork":
             payload, init = job, worker_init
             if "numpy" in sys.modules:  # each worker seeds it: import it once, here, not in each
                 import numpy.random  # noqa: F401
+            _warm_source_cache()
         else:  # pickled once here, so an unpicklable fn fails before any worker starts
             payload = self._pickle(job, "fn")
             init = self._pickle(worker_init, "worker_init") if worker_init else None
@@ -152,6 +191,8 @@ class ProcessPool:
         finally:
             there.close()
         self.conns[wid], self.procs[wid] = here, proc
+        if self.first_start is None:
+            self.first_start = time.monotonic()
         self.by_fd[here.fileno()] = wid
         self.sentinels[proc.sentinel] = wid
 
@@ -221,12 +262,30 @@ class ProcessPool:
         self.outstanding[wid][seq] = item
         return True
 
+    def _staggering(self) -> bool:
+        """Whether workers not started yet must wait.
+
+        Forking blocks this process for ~10 ms (more with a large heap), and the first batch
+        would wait for every fork. So the other workers start once the first worker has sent
+        its first result, or after :data:`START_STAGGER` seconds, whichever comes first.
+        """
+        return (
+            self.first_start is not None
+            and not any(self.warm)
+            and time.monotonic() - self.first_start < START_STAGGER
+        )
+
     def _choose(self) -> int | None:
+        staggering = self._staggering()
         if self.round_robin:  # torch's order: task k to worker k % workers
             for _ in range(self.workers):
-                wid = next(self._rr)
+                wid = self.rr_next
                 if self.active[wid]:
+                    if staggering and self.procs[wid] is None:
+                        return None  # its turn, but it may not start yet
+                    self.rr_next = (wid + 1) % self.workers
                     return wid
+                self.rr_next = (wid + 1) % self.workers
             raise AssertionError("no active worker")
         # The least busy worker, never one that seems stuck on a slow item: queueing behind
         # it would hold the queued item back too. Until the first result shows how long an
@@ -238,7 +297,7 @@ class ProcessPool:
         choice = None
         for wid in range(self.workers):
             load = len(self.outstanding[wid]) + self.stale[wid]
-            if load >= best:
+            if load >= best or (staggering and self.procs[wid] is None):
                 continue
             if slow is not None and load > 0 and now - self.head_since[wid] > slow:
                 continue  # stuck: let its queue drain first (an idle worker is never stuck)
@@ -253,9 +312,14 @@ class ProcessPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wake = False  # for the other workers' start, not for a timeout
+            if self.first_start is not None and None in self.procs and self._staggering():
+                stagger = self.first_start + START_STAGGER - time.monotonic()
+                if left is None or stagger < left:
+                    left, wake = stagger, True
             ready = multiprocessing.connection.wait([*self.by_fd_conns(), *self.sentinels], left)
             if not ready:
-                return None
+                return [] if wake else None  # []: the caller submits again, starting them
             out: list[_Result] = []
             dead: list[int] = []
             got = False
