@@ -6,7 +6,6 @@ Nothing here imports torch: a spawned pipeflow worker that unpickles these pays 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
@@ -99,16 +98,3 @@ class Images:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return np.full((3, 224, 224), i, dtype=np.float32)
-
-
-def time_per_sample(dataset: Any, n: int = 30, rounds: int = 5) -> float:
-    """Seconds per ``dataset[i]`` in this process (the single-core cost): the median of
-    *rounds* timings of *n* items, as the machine is shared."""
-    dataset[0]
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for i in range(n):
-            dataset[i]
-        times.append((time.perf_counter() - start) / n)
-    return sorted(times)[len(times) // 2]

@@ -319,7 +319,7 @@ def _write_segment(name: str, iov: list[Any], total: int, capacity: int) -> int:
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.ftruncate(fd, capacity)
+        os.posix_fallocate(fd, 0, capacity)  # ENOSPC now, never SIGBUS on a later write
         _write_all(fd, iov, total)
     except BaseException as e:
         os.close(fd)
