@@ -4,8 +4,11 @@ over real ``/dev/shm`` files, then the same invariant end to end with real worke
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -168,3 +171,87 @@ class Wide:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return np.full(10_000, i, dtype=np.float32)
+
+
+@pytest.fixture
+def tiny_shm(tmp_path, monkeypatch):
+    """A 1 MiB tmpfs as the segment directory (needs the right to mount; skipped without)."""
+    where = tmp_path / "shm"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip("can't mount a small tmpfs here")
+    monkeypatch.setattr(_shm, "SHM_DIR", str(where))
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_shm_raises_enospc_naming_the_cause(tiny_shm) -> None:
+    link = Link()
+    try:
+        with pytest.raises(OSError, match="is full") as info:
+            link.send(np.zeros(2 * 1024 * 1024 // 4, dtype=np.float32))
+        assert info.value.errno == errno.ENOSPC
+        assert os.listdir(tiny_shm) == []  # the half-made segment is gone
+    finally:
+        link.close()
+
+
+def test_a_worker_whose_result_does_not_fit_raises_in_the_consumer(tiny_shm, no_leaks) -> None:
+    loader = pf.indices(4) | pf.parallel_map(
+        big_array, workers=2, backend="process", mp_context="fork"
+    )
+    with pytest.raises(OSError, match="is full") as info:
+        list(loader)
+    assert "could not be sent back" in str(info.value.__notes__)
+    assert os.listdir(tiny_shm) == []
+
+
+def big_array(i: int) -> np.ndarray:
+    return np.full(2 * 1024 * 1024 // 4, i, dtype=np.float32)
+
+
+FILL_THEN_REUSE = """
+import sys, os, gc
+import numpy as np
+from pipeflow.parallel import _shm
+from tests.test_shm import Link
+_shm.SHM_DIR = sys.argv[1]
+link = Link()
+link.writer.activate()
+n = 300 * 1024 // 4  # its segment is rounded up: the tail is never written by the first result
+first, segment = link.send(np.ones(n, dtype=np.float32))
+del first
+gc.collect()
+with open(os.path.join(sys.argv[1], "filler"), "wb") as f:  # fill the rest of the tmpfs
+    try:
+        while True:
+            f.write(bytes(64 * 1024))
+            f.flush()
+    except OSError:
+        pass
+link.writer.release(link.reader.take_freed().get(0, []))
+whole = segment[2] // 4
+again = _shm.empty((whole,), np.float32)  # the whole kept segment, tail included
+again[:] = 2  # writes every page: must not SIGBUS on a full tmpfs
+got, _ = link.send(again)
+assert (got == 2).all()
+print("ok")
+"""
+
+
+def test_a_kept_segment_never_sigbuses_when_shm_fills_up(tiny_shm) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", FILL_THEN_REUSE, str(tiny_shm)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=root,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "ok"

@@ -319,7 +319,7 @@ def _write_segment(name: str, iov: list[Any], total: int, capacity: int) -> int:
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.posix_fallocate(fd, 0, capacity)  # ENOSPC now, never SIGBUS on a later write
+        _allocate(fd, capacity)
         _write_all(fd, iov, total)
     except BaseException as e:
         os.close(fd)
@@ -332,6 +332,21 @@ def _write_segment(name: str, iov: list[Any], total: int, capacity: int) -> int:
             raise OSError(errno.ENOSPC, msg) from e
         raise
     return fd
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Size the file and reserve its pages: a full ``/dev/shm`` fails here, with ENOSPC,
+    never later with SIGBUS on a write through a mapping. Where the platform can't reserve
+    (no ``posix_fallocate``, as on macOS), only the size is set."""
+    allocate = getattr(os, "posix_fallocate", None)
+    if allocate is not None:
+        try:
+            allocate(fd, 0, size)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    os.ftruncate(fd, size)
 
 
 def _write_all(fd: int, iov: list[Any], total: int) -> None:
