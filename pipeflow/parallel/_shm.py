@@ -147,6 +147,7 @@ class Writer:
         self.sizes: dict[int, int] = {}
         self.maps: dict[int, mmap.mmap] = {}  # the worker's own mapping, made on first reuse
         self.free: set[int] = set()
+        self.retired: list[int] = []  # dropped, not told to the main process yet
         self.reserved: int | None = None  # the segment `empty` hands out memory from
         self.cursor = 0  # bytes of it handed out
 
@@ -161,7 +162,7 @@ class Writer:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if self.reserved is None and nbytes >= INLINE_LIMIT:
-            self.reserved = self._reusable(nbytes, [])
+            self.reserved = self._reusable(nbytes)
             self.cursor = 0
         start = self.cursor + (-self.cursor % _ALIGN)
         if self.reserved is None or start + nbytes > self.sizes[self.reserved]:
@@ -195,10 +196,10 @@ class Writer:
         pickler.dump(obj)
         data = out.getvalue()
         if not buffers:
-            return data, None, [], []
+            return data, None, [], self._told()
         raws = [b.raw() for b in buffers]
         if sum(r.nbytes for r in raws) < INLINE_LIMIT:
-            return data, None, [bytearray(r) for r in raws], []  # writable arrays on arrival
+            return data, None, [bytearray(r) for r in raws], self._told()  # writable on arrival
         iov: list[Any] = []
         layout: list[tuple[int, int]] = []
         offset = 0
@@ -214,13 +215,12 @@ class Writer:
             placed = self._place(raws)
             if placed is not None:
                 used, self.reserved = self.reserved, None
-                return data, (None, used, self.sizes[used]), placed, []
+                return data, (None, used, self.sizes[used]), placed, self._told()
             self.unreserve()
-        retired: list[int] = []
-        reuse = self._reusable(offset, retired)
+        reuse = self._reusable(offset)
         if reuse is not None:
             self._copy_into(reuse, iov)
-            return data, (None, reuse, self.sizes[reuse]), layout, retired
+            return data, (None, reuse, self.sizes[reuse]), layout, self._told()
         name = f"{self.prefix}{self.count}"
         seg_id = self.count if len(self.fds) < self.keep else -1
         self.count += 1
@@ -230,9 +230,14 @@ class Writer:
             os.close(fd)
         else:
             self.fds[seg_id], self.sizes[seg_id] = fd, capacity
-        return data, (name, seg_id, capacity), layout, retired
+        return data, (name, seg_id, capacity), layout, self._told()
 
-    def _reusable(self, total: int, retired: list[int]) -> int | None:
+    def _told(self) -> list[int]:
+        """The dropped segments, to tell the main process with this result."""
+        out, self.retired = self.retired, []
+        return out
+
+    def _reusable(self, total: int) -> int | None:
         """The smallest free kept segment that fits *total* bytes (taken off the free set).
 
         When none fits and no more may be kept, the smallest free one is dropped to make room.
@@ -246,7 +251,7 @@ class Writer:
             drop = min(self.free, key=self.sizes.__getitem__)
             self.free.discard(drop)
             self._drop(drop)
-            retired.append(drop)
+            self.retired.append(drop)
         return None
 
     def _place(self, raws: list[memoryview]) -> list[tuple[int, int]] | None:
@@ -447,11 +452,6 @@ class Reader:
             except IndexError:
                 return out
             out.setdefault(wid, []).append(seg_id)
-
-    def forget(self, wid: int) -> None:
-        """Worker *wid* is gone: drop its mappings (views still in use keep theirs)."""
-        for key in [k for k in self.maps if k[0] == wid]:
-            del self.maps[key]
 
     def close(self) -> None:
         self.maps.clear()
