@@ -38,7 +38,7 @@ class Link:
 
     def send(self, obj: Any) -> tuple[Any, Any]:
         """One trip; return what arrived and the segment description it came in."""
-        freed = self.reader.take_freed().get(0, [])
+        freed = self.reader.take_freed(0) or []
         self.writer.release(freed)
         data, segment, layout, retired = self.writer.encode(obj)
         self.writer.unreserve()
@@ -111,7 +111,7 @@ def test_empty_hands_out_shared_memory_only_in_the_task_thread() -> None:
         first, _ = link.send(np.zeros(4 * BIG, dtype=np.float32))
         del first
         gc.collect()
-        link.writer.release(link.reader.take_freed().get(0, []))
+        link.writer.release(link.reader.take_freed(0) or [])
         other: list[Any] = []
         t = threading.Thread(target=lambda: other.append(_shm.empty((BIG,), np.float32)))
         t.start()
@@ -235,7 +235,7 @@ with open(os.path.join(sys.argv[1], "filler"), "wb") as f:  # fill the rest of t
             f.flush()
     except OSError:
         pass
-link.writer.release(link.reader.take_freed().get(0, []))
+link.writer.release(link.reader.take_freed(0) or [])
 whole = segment[2] // 4
 again = _shm.empty((whole,), np.float32)  # the whole kept segment, tail included
 again[:] = 2  # writes every page: must not SIGBUS on a full tmpfs

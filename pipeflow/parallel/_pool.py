@@ -161,7 +161,6 @@ class ProcessPool:
         self.by_fd: dict[int, int] = {}
         self.sentinels: dict[int, int] = {}
         self.reader = _shm.Reader()
-        self.freed: dict[int, list[int]] = {}  # segments to hand back, by worker
         _LIVE.add(self)
 
     def _start(self, wid: int) -> None:
@@ -251,10 +250,7 @@ class ProcessPool:
             self._start(wid)
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
-        if self.reader.freed:
-            for w, ids in self.reader.take_freed().items():
-                self.freed.setdefault(w, []).extend(ids)
-        freed = self.freed.pop(wid, None)
+        freed = self.reader.take_freed(wid)  # segments it may write again
         try:
             self.conns[wid].send((self.pass_id, seq, epoch, item, freed))
         except OSError:  # BrokenPipeError: the worker is gone
@@ -262,21 +258,20 @@ class ProcessPool:
         self.outstanding[wid][seq] = item
         return True
 
-    def _staggering(self) -> bool:
-        """Whether workers not started yet must wait.
+    def _stagger_left(self) -> float | None:
+        """Seconds the workers not started yet must still wait; None when they may start.
 
         Forking blocks this process for ~10 ms (more with a large heap), and the first batch
         would wait for every fork. So the other workers start once the first worker has sent
         its first result, or after :data:`START_STAGGER` seconds, whichever comes first.
         """
-        return (
-            self.first_start is not None
-            and not any(self.warm)
-            and time.monotonic() - self.first_start < START_STAGGER
-        )
+        if self.first_start is None or any(self.warm):
+            return None
+        left = self.first_start + START_STAGGER - time.monotonic()
+        return left if left > 0 else None
 
     def _choose(self) -> int | None:
-        staggering = self._staggering()
+        staggering = self._stagger_left() is not None
         if self.round_robin:  # torch's order: task k to worker k % workers
             for _ in range(self.workers):
                 wid = self.rr_next
@@ -313,10 +308,9 @@ class ProcessPool:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             wake = False  # for the other workers' start, not for a timeout
-            if self.first_start is not None and None in self.procs and self._staggering():
-                stagger = self.first_start + START_STAGGER - time.monotonic()
-                if left is None or stagger < left:
-                    left, wake = stagger, True
+            stagger = self._stagger_left() if None in self.procs else None
+            if stagger is not None and (left is None or stagger < left):
+                left, wake = stagger, True
             ready = multiprocessing.connection.wait([*self.by_fd_conns(), *self.sentinels], left)
             if not ready:
                 return [] if wake else None  # []: the caller submits again, starting them

@@ -200,6 +200,12 @@ class Writer:
         raws = [b.raw() for b in buffers]
         if sum(r.nbytes for r in raws) < INLINE_LIMIT:
             return data, None, [bytearray(r) for r in raws], self._told()  # writable on arrival
+        if self.reserved is not None:
+            placed = self._place(raws)
+            if placed is not None:
+                used, self.reserved = self.reserved, None
+                return data, (None, used, self.sizes[used]), placed, self._told()
+            self.unreserve()
         iov: list[Any] = []
         layout: list[tuple[int, int]] = []
         offset = 0
@@ -211,12 +217,6 @@ class Writer:
             iov.append(r)
             layout.append((offset, r.nbytes))
             offset += r.nbytes
-        if self.reserved is not None:
-            placed = self._place(raws)
-            if placed is not None:
-                used, self.reserved = self.reserved, None
-                return data, (None, used, self.sizes[used]), placed, self._told()
-            self.unreserve()
         reuse = self._reusable(offset)
         if reuse is not None:
             self._copy_into(reuse, iov)
@@ -396,6 +396,7 @@ class Reader:
     def __init__(self) -> None:
         self.maps: dict[tuple[int, int], Any] = {}  # (worker, seg_id) -> uint8 array over it
         self.freed: collections.deque[tuple[int, int]] = collections.deque()  # any thread
+        self.pending: dict[int, list[int]] = {}  # freed, not told to their worker yet
 
     def decode(self, wid: int, data: bytes, segment: Segment | None, layout: list[Any]) -> Any:
         """Rebuild what :meth:`Writer.encode` made in worker *wid*."""
@@ -443,19 +444,17 @@ class Reader:
         for seg_id in ids:
             self.maps.pop((wid, seg_id), None)
 
-    def take_freed(self) -> dict[int, list[int]]:
-        """Segments no longer used here, by worker, to tell the workers."""
-        out: dict[int, list[int]] = {}
-        while True:
-            try:
-                wid, seg_id = self.freed.popleft()
-            except IndexError:
-                return out
-            out.setdefault(wid, []).append(seg_id)
+    def take_freed(self, wid: int) -> list[int] | None:
+        """The segments of worker *wid* no longer used here, to tell it (None: none)."""
+        while self.freed:  # leases die in any thread: sort what they left by worker
+            w, seg_id = self.freed.popleft()
+            self.pending.setdefault(w, []).append(seg_id)
+        return self.pending.pop(wid, None)
 
     def close(self) -> None:
         self.maps.clear()
         self.freed.clear()
+        self.pending.clear()
 
 
 def discard(segment: str | None) -> None:
