@@ -26,7 +26,8 @@ def test_counts_and_times_add_up() -> None:
     assert [s.items for s in stats.stages] == [400, 40, 40]
     assert stats.passes == 2
     own = sum(s.own_seconds for s in stats.stages)
-    assert own == pytest.approx(stats.stages[-1].seconds, rel=1e-6)
+    # Fast stages are timed on a sample of their items: the sum is exact up to that estimate.
+    assert own == pytest.approx(stats.stages[-1].seconds, rel=0.05)
     assert stats.consumer_wait_seconds <= stats.wall_seconds
     assert stats.stages[-1].own_seconds > 0.1  # 80 sleeps of 2 ms
     json.dumps(stats.to_dict())
