@@ -276,7 +276,11 @@ def spawn_cases() -> list[pytest.ParameterSet]:
     cases = [pytest.param(first[1], id="README.md:tour")]
     for path in PAGES:
         for block in parse_blocks(path):
-            if block.lang == "python" and "__main__" in block.text and "process" in block.text:
+            if (
+                block.lang == "python"
+                and "__main__" in block.text
+                and "process" in block.text.lower()
+            ):
                 cases.append(pytest.param(block.text, id=f"{page_id(path)}:{block.lineno}"))
     return cases
 
