@@ -61,6 +61,7 @@ from pathlib import Path
 import pytest
 
 import pipeflow as pf
+from pipeflow import device as pf_device
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -193,6 +194,9 @@ def run_page(path: Path, module_name: str, only: int | None = None) -> None:
     main = sys.modules["__main__"]
     sys.modules["__main__"] = module
     threads_before = set(threading.enumerate())
+    # Each run stands for a fresh process: the warnings pipeflow gives once per process
+    # (pin_memory without an accelerator) are given again.
+    pf_device._WARNED.clear()
     try:
         for k, block in enumerate(blocks):
             if block.lang in REFUSED_TAGS:
