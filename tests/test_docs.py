@@ -272,7 +272,8 @@ SPAWN_PRELUDE = "import multiprocessing\nmultiprocessing.set_start_method('spawn
 
 
 def spawn_cases() -> list[pytest.ParameterSet]:
-    """The README's tour, and every docs block that guards process workers with __main__."""
+    """The README's tour, and every docs block with an ``if __name__ == "__main__":`` guard
+    (they are there because the block starts worker processes)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     tour = readme.split("## A short tour", 1)[1]
     first = re.search(r"```python\n(.*?)```", tour, flags=re.S)
@@ -280,11 +281,7 @@ def spawn_cases() -> list[pytest.ParameterSet]:
     cases = [pytest.param(first[1], id="README.md:tour")]
     for path in PAGES:
         for block in parse_blocks(path):
-            if (
-                block.lang == "python"
-                and "__main__" in block.text
-                and "process" in block.text.lower()
-            ):
+            if block.lang == "python" and not block.continued and "__main__" in block.text:
                 cases.append(pytest.param(block.text, id=f"{page_id(path)}:{block.lineno}"))
     return cases
 
