@@ -47,9 +47,11 @@ import difflib
 import doctest
 import gc
 import io
+import json
 import multiprocessing
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -304,6 +306,50 @@ def test_runs_under_spawn(code: str, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+COPY_JS = DOCS / "assets" / "copy-session.js"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's JS")
+def test_copy_button_copies_the_code_of_sessions() -> None:
+    """docs/assets/copy-session.js gives each >>> session's copy button only the code lines;
+    what it gives must be valid Python, with no prompt or output left in it."""
+    sessions = [
+        b.text for path in PAGES for b in parse_blocks(path) if b.lang == "python" and is_doctest(b)
+    ]
+    script = (
+        f"const {{sessionCode}} = require({json.dumps(str(COPY_JS))});"
+        "const input = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+        "process.stdout.write(JSON.stringify(input.map(sessionCode)));"
+    )
+    done = subprocess.run(
+        ["node", "-e", script],
+        input=json.dumps(sessions),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    copied = json.loads(done.stdout)
+    assert len(copied) == len(sessions) > 50
+    for session, code in zip(sessions, copied):
+        compile(code, "<copied>", "exec")  # pastes as Python
+        assert ">>>" not in code
+        assert "Traceback" not in code
+        want = [ln[4:] for ln in session.splitlines() if ln.startswith((">>> ", "... "))]
+        got = [ln for ln in code.splitlines() if ln]
+        assert [w.split("  # doctest:")[0] for w in want if w] == got
+    # A sample, in full: blank lines end indented blocks, doctest directives go.
+    sample = ">>> def f():\n...     return 1\n>>> f()  # doctest: +ELLIPSIS\n1\nTraceback\n"
+    done = subprocess.run(
+        ["node", "-e", script],
+        input=json.dumps([sample]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout) == ["def f():\n    return 1\n\nf()"]
 
 
 def test_reference_covers_every_public_name() -> None:
