@@ -160,8 +160,8 @@ class Stats:
             lines.append(
                 f"{s.name[:16]:<16} {s.items:>9,} {s.items_per_second:>10,.1f} "
                 f"{s.own_seconds:>8.3f} {s.wait_seconds:>8.3f} "
-                f"{_opt(s.workers, '{:d}'):>8} {_opt(s.worker_busy, '{:.0%}'):>6} "
-                f"{_opt(s.queue_occupancy, '{:.0%}'):>6} "
+                f"{_opt(s.workers, '{:d}'):>8} {_pct_opt(s.worker_busy):>6} "
+                f"{_pct_opt(s.queue_occupancy):>6} "
                 f"{_opt(s.item_seconds_p50, '{:.2f}', 1e3):>8} "
                 f"{_opt(s.item_seconds_p99, '{:.2f}', 1e3):>8}"
             )
@@ -169,7 +169,7 @@ class Stats:
         p99 = _opt(self.consumer_wait_p99, "{:.2f}", 1e3)
         lines.append(
             f"consumer waited {self.consumer_wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
-            f"({self.consumer_wait_fraction:.0%}); per item p50 {p50} ms, p99 {p99} ms"
+            f"({_pct(self.consumer_wait_fraction)}); per item p50 {p50} ms, p99 {p99} ms"
         )
         lines.append(f"bottleneck: {self.bottleneck}: {self.advice}")
         lines.append(LEGEND)
@@ -231,6 +231,10 @@ def _pct(fraction: float) -> str:
     """A whole percentage, rounded down: a value under a threshold never reads as reaching it
     (0.7996 is "79%", not "80%", next to "busy only")."""
     return f"{math.floor(fraction * 100 + 1e-9):d}%"
+
+
+def _pct_opt(fraction: float | None) -> str:
+    return "-" if fraction is None else _pct(fraction)
 
 
 def _percentile(values: list[int], q: float) -> float | None:

@@ -171,14 +171,14 @@ def test_nothing_ran_is_none() -> None:
 
 
 @pytest.mark.parametrize(
-    ("wait_ns", "want"),
+    ("wait_ns", "want", "shown"),
     [
-        (199_999_999, "consumer"),
-        (200_000_000, "map"),
-        (200_000_001, "map"),
+        (199_999_999, "consumer", "19%"),  # rounded down: never reads as reaching 20%
+        (200_000_000, "map", "20%"),
+        (200_000_001, "map", "20%"),
     ],
 )
-def test_summarize_applies_the_rule_to_recorded_times(wait_ns, want) -> None:
+def test_summarize_applies_the_rule_to_recorded_times(wait_ns, want, shown) -> None:
     # One pass of 1 s in which the last stage's iterator (the consumer's wait) ran wait_ns.
     record = LoaderRecord(["indices", "map"])
     record.passes, record.wall_ns = 1, 1_000_000_000
@@ -190,6 +190,9 @@ def test_summarize_applies_the_rule_to_recorded_times(wait_ns, want) -> None:
     assert stats.consumer_wait_fraction == wait_ns / 1e9
     assert stats.bottleneck == want
     assert f"bottleneck: {want}: " in str(stats)
+    assert f"({shown}); per item" in str(stats) and f"waited {shown}" in stats.advice.replace(
+        "only ", ""
+    )
 
 
 def test_the_table_explains_its_columns() -> None:
