@@ -35,6 +35,9 @@ def test_demo_trains_and_reports_stats(tmp_path) -> None:
     assert "160 training and 40 held-out images, 4 classes" in out
     assert re.search(r"epoch 0: train loss \d+\.\d+, held-out accuracy \d+\.\d%", out)
     assert "bottleneck:" in out and "parallel_map" in out
+    assert "\n  indices(160)\n  | shuffle(seed=0)\n  | batch(size=64" in out  # a stage a line
+    assert "own s: " in out  # the columns' legend
+    assert max(len(line) for line in out.splitlines() if line.startswith("  ")) <= 100
     assert len(list(tmp_path.rglob("*.jpg"))) == 200
 
 
