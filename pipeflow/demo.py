@@ -271,10 +271,12 @@ def run_demo(
         | pf.parallel_map(pf.fetch(test) | pf.collate(), workers=workers, backend=backend)
     )
     print(f"pipeline, one stage per line:\n{layout(loader)}")
-    print(
-        f"training on {threads} CPU thread{'s' if threads > 1 else ''}, "
-        f"{workers} {backend} worker{'s' if workers != 1 else ''} decoding"
+    decoding = (
+        f"{workers} {backend} worker{'s' if workers > 1 else ''}"
+        if workers
+        else "the training loop"
     )
+    print(f"training on {threads} CPU thread{'s' if threads > 1 else ''}; decoding in {decoding}")
     model = build_model(len(classes))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     # One cycle: the rate warms up, then anneals to nearly zero by the last step, so the last

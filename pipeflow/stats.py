@@ -303,6 +303,7 @@ def summarize(record: LoaderRecord) -> Stats:
 CONSUMER_WAIT_LIMIT = 0.2
 BUSY_WORKERS = 0.8
 UPSTREAM_SHARE = 0.5
+_PARALLEL = ("parallel_map", "parallel_source")
 
 
 def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
@@ -319,7 +320,8 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
     3. Otherwise the loader holds the consumer back, and the stage with the most *own* time
        is looked at (the first of equals):
 
-       a. a single-threaded stage is the bottleneck: run it in ``pf.parallel_map``;
+       a. a single-threaded stage is the bottleneck: run it in ``pf.parallel_map`` (or, for
+          a parallel stage with ``workers=0``, give it workers);
        b. a parallel stage whose workers are busy ``BUSY_WORKERS`` (80 %) of the time or more
           is the bottleneck: more workers, or threads;
        c. a parallel stage whose workers are idle more, while the stage before it has at least
@@ -347,9 +349,14 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
     slowest = max(stages, key=lambda s: s.own_seconds)
     if slowest.workers is None or slowest.worker_busy is None:
         share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
+        fix = (
+            "give it workers"  # a parallel stage with workers=0 runs in the calling thread
+            if slowest.name in _PARALLEL
+            else "run it in pf.parallel_map"
+        )
         return slowest.name, (
             f"{waited}; {_pct(share)} of the loader's time is spent in {slowest.name!r}, in one "
-            "thread; run it in pf.parallel_map (threads for I/O, processes for Python-heavy work)"
+            f"thread; {fix} (threads for I/O, processes for Python-heavy work)"
         )
     if slowest.worker_busy >= BUSY_WORKERS:
         return slowest.name, (

@@ -160,6 +160,13 @@ def test_a_single_threaded_stage_with_the_most_own_time() -> None:
     )
 
 
+def test_a_parallel_stage_without_workers_is_told_to_get_some() -> None:
+    stages = [stage("indices", 0.0), stage("parallel_map", 1.0)]  # workers=0: no worker stats
+    bottleneck, advice = diagnose(stages, 0.5)
+    assert bottleneck == "parallel_map"
+    assert "give it workers" in advice and "run it in pf.parallel_map" not in advice
+
+
 def test_equal_own_times_name_the_first_stage() -> None:
     assert diagnose([stage("a", 0.2), stage("b", 0.2)], 0.5)[0] == "a"
 
