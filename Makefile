@@ -14,7 +14,7 @@ FULL := $(VENV)/.installed-full
 # mkdocs-material prints an end-of-life notice (May 2027) on every run; this turns it off.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: demo check lint types test doctest docs serve bench clean
+.PHONY: demo check lint types test docs serve bench clean
 
 demo: $(BASE)
 	$(BIN)/python -m pipeflow demo
