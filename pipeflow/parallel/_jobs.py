@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeflow._context import Context
+from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.loader import Loader
@@ -31,10 +32,16 @@ def describe_item(item: Any, seq: int) -> dict[str, Any]:
 class MapJob:
     """Apply a function, or a one-to-one stage, to one item at a time."""
 
-    def __init__(self, fn: Callable[[Any], Any] | Stage[Any, Any], name: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any] | Stage[Any, Any],
+        name: str,
+        ignoring: tuple[type[BaseException], ...] = (),
+    ) -> None:
         self.fn = fn
         self.name = name
         self.stages = fn.stages if isinstance(fn, Stage) else None
+        self.ignoring = ignoring  # what a later ignore_errors drops (fetch drops samples)
 
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""
@@ -54,13 +61,16 @@ class MapJob:
                 annotate(e, self.name, epoch, **describe_item(item, seq))
                 raise
         failed: list[str] = []
-        context = Context(epoch, offset=seq)  # the item's position in the pass
+        context = Context(epoch, offset=seq, ignoring=self.ignoring)  # its place in the pass
+        dropped: list[Failure] = []
         it: Iterator[Any] = iter((item,))
         for s in self.stages:
             it = _track(s.apply(it, context), s.name, failed)
+            if s.failures == "mark":  # failures it yields: raised, or kept when dropped
+                it = _unmark(it, dropped)
             context = s.context_after(context)
         try:
-            return next(it)
+            out = next(it)
         except StopIteration:
             msg = (
                 f"stage {(failed or [self.name])[0]!r} yielded nothing for one item; "
@@ -70,6 +80,19 @@ class MapJob:
         except Exception as e:
             annotate(e, failed[0] if failed else self.name, epoch, **describe_item(item, seq))
             raise
+        for _ in it:  # let the stages finish the item (a dropped failure may follow)
+            pass
+        return WithDropped(out, dropped) if dropped else out
+
+
+def _unmark(it: Iterator[Any], dropped: list[Failure]) -> Iterator[Any]:
+    for value in it:
+        if value.__class__ is Failure:
+            if not value.dropped:
+                raise value.error
+            dropped.append(value)
+        else:
+            yield value
 
 
 def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
