@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from pipeflow._context import Context
-from pipeflow._random import check_seed, derive, fresh_seed, numpy_rng
+from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed, numpy_rng
 from pipeflow._stage import Stage
 
 __all__ = ["shuffle"]
@@ -104,7 +104,7 @@ def _draw_torch(items: Iterable[T], seed: int, epoch: int) -> Iterator[Iterable[
 
 
 def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:
-    rng = random.Random(derive(seed, epoch))
+    rng = random.Random(derive(seed, BUFFER_SHUFFLE, epoch))
     buf: list[T] = []
     randrange = rng.randrange
     for item in items:

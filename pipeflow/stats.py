@@ -1,8 +1,9 @@
 """See inside a loader: per-stage counts and times, the consumer's wait, and the bottleneck.
 
-Every loader records these as it runs (two clock reads per item per stage: well under 1 % of
-a batch's time). ``loader.stats()`` returns a :class:`Stats`: plain data, whose ``str()`` is a
-table that names the bottleneck and what to try.
+Every loader records these as it runs: every item is counted; slow items (batches) are all
+timed, and of fast ones (indices) about one in 64 (see :func:`pipeflow._chain._watch`), so the
+cost is nothing measurable. ``loader.stats()`` returns a :class:`Stats`: plain data, whose
+``str()`` is a table that names the bottleneck and what to try.
 
 How times are measured: each stage's iterator is timed from the moment the stage below asks
 it for an item until it hands one over. That span includes the time it spent waiting for its
