@@ -157,8 +157,7 @@ class Case:
 
 def stage(factory: str, make: Callable[[], Any], *, id: str | None = None, **kw: Any) -> Any:
     """A case for a factory that returns a stage."""
-    case = Case(id or factory, factory, lambda _: make(), **kw)
-    return pytest.param(case, id=case.id)
+    return _param(Case(id or factory, factory, lambda _: make(), **kw))
 
 
 def source(
@@ -166,8 +165,13 @@ def source(
 ) -> Any:
     """A case for a factory that returns a loader reading *source*."""
     settle = 0.3 if factory.startswith("parallel") else 0.0
-    case = Case(id or factory, factory, make, settle=settle, **kw)
-    return pytest.param(case, id=case.id)
+    return _param(Case(id or factory, factory, make, settle=settle, **kw))
+
+
+def _param(case: Case) -> Any:
+    # spawn starts a fresh interpreter per worker: slow, as are the other tests that do
+    marks = [pytest.mark.slow] if case.id.endswith("-spawn") else []
+    return pytest.param(case, id=case.id, marks=marks)
 
 
 def parallel(id: str, make: Callable[[], Any]) -> Any:
