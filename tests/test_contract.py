@@ -227,7 +227,9 @@ CASES = [
     parallel("parallel_map-fork-arrays", lambda: pf.parallel_map(pf.map(np.ones), **procs("fork"))),
     parallel("parallel_map-spawn", lambda: pf.parallel_map(square, **procs("spawn"))),
     source("parallel_source", lambda rec: pf.parallel_source(pf.from_iterable(rec), **threads()), id="parallel_source-thread"),
+    source("parallel_source", lambda rec: pf.parallel_source(pf.from_iterable(rec) | pf.batch(2), **threads(ordered=False)), id="parallel_source-thread-unordered"),
     source("parallel_source", lambda rec: pf.parallel_source(pf.from_iterable(rec) | pf.map(np.ones), **procs("fork")), id="parallel_source-fork"),
+    source("parallel_source", lambda rec: pf.parallel_source(pf.from_iterable(rec), **procs("fork", ordered=False)), id="parallel_source-fork-unordered"),
     source("parallel_source", lambda rec: pf.parallel_source(pf.from_iterable(rec), **procs("spawn")), id="parallel_source-spawn"),
 ]  # fmt: skip
 
