@@ -566,6 +566,7 @@ def test_early_break_closes_every_stage() -> None:
 
 
 # -- import weight --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_import_pipeflow_does_not_import_torch() -> None:
     code = (
         "import sys, pipeflow as pf\n"
