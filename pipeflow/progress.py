@@ -67,9 +67,12 @@ def _progress(
         return
     from tqdm.auto import tqdm
 
+    class _Bar(tqdm):  # type: ignore[misc]
+        monitor_interval = 0  # no monitor thread, which tqdm keeps after the last bar closes
+
     if total is None:
         total = context.total
-    bar: Any = tqdm(
+    bar: Any = _Bar(
         total=total,
         initial=context.offset,
         desc=desc if desc is not None else f"epoch {context.epoch}",

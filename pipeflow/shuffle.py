@@ -7,6 +7,7 @@ import random
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed, numpy_rng
 from pipeflow._stage import Stage
@@ -64,12 +65,7 @@ def shuffle(
         return Stage(_permute_torch, "shuffle", {"seed": seed, "generator": "torch"}, length="same")
     if buffer_size is None:
         return Stage(_permute, "shuffle", {"seed": seed}, length="same")
-    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int):
-        msg = f"shuffle: buffer_size must be an integer or None (got {buffer_size!r})"
-        raise TypeError(msg)
-    if buffer_size < 1:
-        msg = f"shuffle: buffer_size must be at least 1 (got {buffer_size})"
-        raise ValueError(msg)
+    buffer_size = _checks.optional_integer("shuffle", "buffer_size", buffer_size, low=1)
     return Stage(
         _buffer_shuffle, "shuffle", {"seed": seed, "buffer_size": buffer_size}, length="same"
     )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-import traceback
 import time
+import traceback
 import warnings
 from collections import namedtuple
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import pipeflow as pf
-from pipeflow._failure import Failure
 from pipeflow import device as device_module
+from pipeflow._failure import Failure
 
 Pair = namedtuple("Pair", ["x", "y"])
 HAS_CUDA = torch.cuda.is_available()

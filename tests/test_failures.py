@@ -105,7 +105,14 @@ def _message(batch: list[int], bad: set[int]) -> str:
 
 def test_a_failing_map_goes_on_in_the_pipe_api() -> None:
     loader = pf.indices(6) | pf.map(lambda i: 10 // (i - 2))
-    assert drain(loader) == [-5, -10, ("error", "ZeroDivisionError", "integer division or modulo by zero"), 10, 5, 3]
+    assert drain(loader) == [
+        -5,
+        -10,
+        ("error", "ZeroDivisionError", "integer division or modulo by zero"),
+        10,
+        5,
+        3,
+    ]
 
 
 def test_a_failed_item_keeps_its_type_traceback_and_note() -> None:
@@ -210,7 +217,10 @@ def test_ignore_errors_lets_other_exceptions_through() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_count": 1}, r"2 items failed this epoch \(sample indices \[2, 5\]\), over the budget \(max_count=1\)"),
+        (
+            {"max_count": 1},
+            r"2 items failed this epoch \(sample indices \[2, 5\]\), over the budget \(max_count=1\)",
+        ),
         ({"max_fraction": 0.1}, r"2 items failed .* \(max_fraction=0.1 of 12 items\)"),
     ],
 )

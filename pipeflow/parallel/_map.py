@@ -351,8 +351,8 @@ def parallel_map(
         [['a', 'b'], ['c', 'd'], ['e']]
     """
     if isinstance(fn, Stage):
-        if fn.length(1) != 1:
-            bad = next((s.name for s in fn.stages if s.length(1) != 1), fn.name)
+        if any(fn.length(k) != k for k in (1, 2, 3, 7)):
+            bad = next((s.name for s in fn.stages if s.length(2) != 2), fn.name)
             msg = (
                 f"parallel_map: fn must be one-to-one, but stage {bad!r} can change the number "
                 "of items; run it before or after the parallel stage"
