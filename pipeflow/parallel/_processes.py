@@ -50,7 +50,14 @@ class ProcessPool:
         worker_init: Any,
         base_seed: int,
         round_robin: bool,
+        target: Any = process_main,
+        concurrent: bool = False,
     ) -> None:
+        """*target* is the workers' main function; *concurrent*: each worker runs many tasks
+        at once (event loops), so it gets its full share of ``max_in_flight`` from the start
+        and is never taken for stuck behind a slow task."""
+        self.target = target
+        self.concurrent = concurrent
         self.name = name
         self.workers = workers
         self.round_robin = round_robin
@@ -93,7 +100,7 @@ class ProcessPool:
         payload, workers, base_seed, init, main_pid = self.spawn_args
         here, there = self.context.Pipe(duplex=True)
         proc = self.context.Process(  # type: ignore[attr-defined]
-            target=process_main,
+            target=self.target,
             args=(
                 there,
                 payload,
@@ -188,8 +195,8 @@ class ProcessPool:
         # it would hold the queued item back too. Until the first result shows how long an
         # item takes, one task per worker.
         now = time.monotonic()
-        cap = 1 if self.avg is None else self.depth
-        slow = None if self.avg is None else max(4 * self.avg, 0.001)
+        cap = 1 if self.avg is None and not self.concurrent else self.depth
+        slow = None if self.avg is None or self.concurrent else max(4 * self.avg, 0.001)
         best = cap
         choice = None
         for wid in range(self.workers):
