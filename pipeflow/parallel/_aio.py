@@ -56,7 +56,7 @@ class LoopPool:
         self.pass_id = 0
         self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (loop, item)
         self.load = [0] * workers  # items of this pass on each loop
-        self.results: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[list[Reply]] = queue.SimpleQueue()
         self._rr = itertools.cycle(range(workers))
         self.loops = [
             _Loop(job, wid, workers, base_seed + wid, worker_init, self.results, name)
@@ -85,22 +85,23 @@ class LoopPool:
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
         try:
-            reply = self.results.get(timeout=timeout)
+            batch = self.results.get(timeout=timeout)
         except queue.Empty:
             return None
         out: list[Reply] = []
         while True:
-            if reply.kind == "init":
-                reply.payload.add_note(
-                    f"pipeflow: worker_init in event-loop thread {reply.worker} failed"
-                )
-                raise reply.payload
-            if reply.pass_id == self.pass_id:
-                self.outstanding.pop(reply.seq, None)
-                self.load[reply.worker] -= 1
-                out.append(reply)
+            for reply in batch:
+                if reply.kind == "init":
+                    reply.payload.add_note(
+                        f"pipeflow: worker_init in event-loop thread {reply.worker} failed"
+                    )
+                    raise reply.payload
+                if reply.pass_id == self.pass_id:
+                    self.outstanding.pop(reply.seq, None)
+                    self.load[reply.worker] -= 1
+                    out.append(reply)
             try:
-                reply = self.results.get_nowait()
+                batch = self.results.get_nowait()
             except queue.Empty:
                 return out
 
@@ -130,8 +131,9 @@ class LoopPool:
 
 
 class _Loop:
-    """One event loop and its thread. Tasks reach it through a deque; the loop is woken
-    once per batch of them, not once per task."""
+    """One event loop and its thread. Tasks reach it through a deque, and the loop is woken
+    once per batch of them; replies go back in one list per turn of the loop. Waking a thread
+    per item would hand the GIL back and forth per item, which costs more than the item."""
 
     def __init__(
         self,
@@ -140,7 +142,7 @@ class _Loop:
         workers: int,
         seed: int,
         worker_init: Any,
-        results: queue.SimpleQueue[Reply],
+        results: queue.SimpleQueue[list[Reply]],
         name: str,
     ) -> None:
         self.wid = wid
@@ -149,6 +151,7 @@ class _Loop:
         self.info = WorkerInfo(wid, workers, seed, job.dataset, "thread", os.getpid())
         self.inbox: collections.deque[Task] = collections.deque()
         self.woken = False
+        self.outbox: list[Reply] = []
         self.loop = asyncio.new_event_loop()
         self.runner = LoopRunner(job, self._deliver)
         self.thread = threading.Thread(target=self._main, name=f"pipeflow-{name}-loop-{wid}")
@@ -169,7 +172,13 @@ class _Loop:
             start(inbox.popleft())
 
     def _deliver(self, task: Task, kind: str, took: int, value: Any) -> None:
-        self.results.put(Reply(task.pass_id, kind, task.seq, self.wid, took, value))  # type: ignore[arg-type]
+        if not self.outbox:
+            self.loop.call_soon(self._flush)  # after the other callbacks of this turn
+        self.outbox.append(Reply(task.pass_id, kind, task.seq, self.wid, took, value))  # type: ignore[arg-type]
+
+    def _flush(self) -> None:
+        batch, self.outbox = self.outbox, []
+        self.results.put(batch)
 
     def stop(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
@@ -183,7 +192,7 @@ class _Loop:
             if self.worker_init is not None:
                 self.worker_init(self.wid)
         except BaseException as e:
-            self.results.put(Reply(None, "init", -1, self.wid, 0, e))
+            self.results.put([Reply(None, "init", -1, self.wid, 0, e)])
         try:
             loop.run_forever()
         finally:

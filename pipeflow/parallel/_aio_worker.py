@@ -177,6 +177,7 @@ class _Link(asyncio.Protocol):
         self.writer = writer
         self.done = done
         self.buffer = bytearray()
+        self.outbox: list[bytes] = []  # frames to write at the end of this turn of the loop
         self.transport: Any = None
         self.runner = LoopRunner(job, self._reply)
         self.job = job
@@ -240,7 +241,14 @@ class _Link(asyncio.Protocol):
             return
         size = len(data)
         head = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
-        self.transport.writelines((head, data))
+        if not self.outbox:  # one write per turn of the loop, not one per reply
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.outbox += (head, data)
+
+    def _flush(self) -> None:
+        frames, self.outbox = self.outbox, []
+        if not self.transport.is_closing():
+            self.transport.writelines(frames)
 
 
 def _encode(link: _Link, value: Any) -> Encoded:
