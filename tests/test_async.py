@@ -263,6 +263,28 @@ def test_a_persistent_pool_cancels_an_abandoned_pass_at_the_next(tmp_path, no_le
     assert not loop_threads()
 
 
+async def slow_from_two(i: int) -> int:
+    await asyncio.sleep(0.2 if i >= 2 else 0)
+    return i
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_persistent_pool_delivers_whole_epochs_after_abandoned_ones(backend, no_leaks) -> None:
+    stage = pf.parallel_map(
+        slow_from_two, workers=1, backend=backend, max_in_flight=8, persistent=True
+    )
+    loader = pf.indices(10) | stage
+    for _ in range(3):  # each pass abandoned with coroutines in flight and tasks queued
+        it = iter(loader)
+        assert next(it) == 0
+        it.close()
+    started = time.monotonic()
+    assert list(loader) == list(range(10))
+    assert list(loader) == list(range(10))
+    assert time.monotonic() - started < 2  # the old passes' coroutines were cancelled
+    loader.close()
+
+
 def wait_for(condition: Any, budget: float = 2.0) -> None:
     deadline = time.monotonic() + budget
     while not condition():

@@ -15,6 +15,7 @@ the user's job brings), so a spawned worker imports torch only when the user's c
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import pickle
 import signal
@@ -64,7 +65,8 @@ class LoopRunner:
     def __init__(self, job: CoroutineJob, deliver: Deliver) -> None:
         self.job = job
         self.deliver = deliver
-        self.running: dict[asyncio.Task[None], Task] = {}
+        #: (pass, seq) -> the asyncio task running it, and the task record
+        self.running: dict[tuple[int, int], tuple[asyncio.Task[None], Task]] = {}
         self.pass_id = 0
         self.stopping = False
 
@@ -72,20 +74,22 @@ class LoopRunner:
         """Start *task* on the running loop (called in the loop's thread)."""
         if task.pass_id > self.pass_id:  # a new pass: the old one was abandoned
             self.pass_id = task.pass_id
-            for t, old in list(self.running.items()):
-                if old.pass_id < task.pass_id:
+            for key, (t, old) in list(self.running.items()):
+                if key[0] < task.pass_id:
                     t.cancel()
+                    t.add_done_callback(functools.partial(self._unstarted, key, old))
         elif task.pass_id < self.pass_id:  # queued before the pass was abandoned
             self.deliver(task, "err", 0, asyncio.CancelledError())
             return
-        t = asyncio.get_running_loop().create_task(self._one(task))
-        self.running[t] = task
-        t.add_done_callback(self._forget)
+        key = (task.pass_id, task.seq)
+        self.running[key] = (asyncio.get_running_loop().create_task(self._one(task, key)), task)
 
-    def _forget(self, t: asyncio.Task[None]) -> None:
-        self.running.pop(t, None)
+    def _unstarted(self, key: tuple[int, int], task: Task, _: Any) -> None:
+        """A task cancelled before its coroutine ran: no ``finally`` of ours answered it."""
+        if self.running.pop(key, None) is not None:
+            self.deliver(task, "err", 0, asyncio.CancelledError())
 
-    async def _one(self, task: Task) -> None:
+    async def _one(self, task: Task, key: tuple[int, int]) -> None:
         started = time.perf_counter_ns()
         try:
             out = await self.job.arun(task.item, task.epoch, task.seq)
@@ -97,11 +101,13 @@ class LoopRunner:
             self.deliver(task, "err", 0, e)
         else:
             self.deliver(task, "ok", time.perf_counter_ns() - started, out)
+        finally:  # not a done callback: that would be one more loop callback per item
+            self.running.pop(key, None)
 
     async def stop(self, grace: float = CANCEL_GRACE) -> None:
         """Cancel every task and give their ``finally`` blocks up to *grace* seconds."""
         self.stopping = True
-        tasks = list(self.running)
+        tasks = [t for t, _ in self.running.values()]
         for t in tasks:
             t.cancel()
         if tasks:
@@ -129,7 +135,7 @@ def aio_process_main(
         if isinstance(worker_init, bytes):
             worker_init = pickle.loads(worker_init)
         seed = seed_worker(base_seed, worker_id)
-        info = WorkerInfo(worker_id, num_workers, seed, None, "process", os.getpid())
+        info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
         set_process_worker_info(info)
         _tell_torch(info)
         if worker_init is not None:
