@@ -310,6 +310,11 @@ def parallel_map(
       once, when the pool starts; numpy arrays and CPU tensors come back through shared
       memory. ``fork``, ``forkserver`` and ``spawn`` all work.
 
+    An ``async def`` *fn* (or an object whose ``__call__`` is one) runs on asyncio event loops:
+    *workers* loops in threads, or one loop in each worker process; many items per loop at
+    once, up to *max_in_flight* in all (default ``64 * workers``). Stopping early cancels the
+    coroutines in flight. See the how-to "Remote data: threads, processes or coroutines".
+
     At most *max_in_flight* items are out at once (default ``2 * workers``), so a slow consumer
     holds the workers back instead of filling memory. ``ordered=True`` yields exactly the
     sequence ``map(fn, items)`` would; ``ordered=False`` yields results as they complete, each
