@@ -176,6 +176,42 @@ def test_a_slow_coroutine_does_not_hold_back_the_others_unordered(backend, no_le
     assert got[-1] == 0
 
 
+async def big(i: int) -> Any:
+    import numpy as np
+
+    await asyncio.sleep(0.001)
+    return np.full((128, 256), i, dtype=np.float64)  # 256 kB: through shared memory
+
+
+def test_large_results_come_back_through_shared_memory(no_leaks) -> None:
+    loader = pf.indices(40) | pf.parallel_map(big, workers=2, backend="process", max_in_flight=16)
+    for i, array in enumerate(loader):
+        assert array.shape == (128, 256) and (array == i).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_coroutine_workers_start_with_spawn_and_forkserver(method, no_leaks) -> None:
+    stage = pf.parallel_map(square, workers=2, backend="process", mp_context=method)
+    assert list(pf.indices(20) | stage) == [i * i for i in range(20)]
+
+
+async def die_at_five(i: int) -> int:
+    await asyncio.sleep(0.001)
+    if i == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return i
+
+
+def test_a_dying_coroutine_worker_is_named_within_a_second(no_leaks) -> None:
+    loader = pf.indices(40) | pf.parallel_map(die_at_five, workers=2, backend="process")
+    started = time.monotonic()
+    with pytest.raises(pf.WorkerDiedError, match=r"was killed by signal SIGKILL") as info:
+        list(loader)
+    assert time.monotonic() - started < 1.5
+    assert "pid " in str(info.value) and "5" in str(info.value)
+
+
 # -- errors -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_error_keeps_its_type_and_names_the_item(backend, no_leaks) -> None:
