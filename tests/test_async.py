@@ -385,7 +385,13 @@ def _async_stage() -> Any:
     return pf.stage(per_batch)
 
 
+class AsyncTable:
+    async def __getitem__(self, i: int) -> int:
+        return i
+
+
 REFUSED = {
+    "fetch-async-getitem": lambda: pf.fetch(AsyncTable()),
     "map": lambda: pf.map(load),
     "map-partial": lambda: pf.map(functools.partial(load)),
     "map-object": lambda: pf.map(RaiseAt(0)),
