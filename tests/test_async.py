@@ -226,6 +226,18 @@ def test_an_error_keeps_its_type_and_names_the_item(backend, no_leaks) -> None:
         assert "test_async.py" in str(info.value.__cause__)  # the worker's own traceback
 
 
+async def exit_at_two(i: int) -> int:
+    if i == 2:
+        raise SystemExit(3)
+    return i
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_system_exit_in_a_coroutine_reaches_the_consumer(backend, no_leaks) -> None:
+    with pytest.raises(SystemExit):
+        list(pf.indices(5) | pf.parallel_map(exit_at_two, workers=1, backend=backend))
+
+
 def test_no_result_within_the_timeout_names_the_items_in_flight(tmp_path, no_leaks) -> None:
     loader = pf.indices(4) | pf.parallel_map(Hang(str(tmp_path), 1), workers=1, timeout=0.3)
     with pytest.raises(WorkerTimeoutError, match=r"in flight: sample indices \[1, 2, 3\]"):

@@ -97,7 +97,7 @@ class LoopRunner:
             if self.stopping:
                 raise
             self.deliver(task, "err", 0, e)  # an abandoned pass: the main process counts it
-        except Exception as e:
+        except BaseException as e:  # SystemExit too: it would end the loop, and the pass hang
             self.deliver(task, "err", 0, e)
         else:
             self.deliver(task, "ok", time.perf_counter_ns() - started, out)
