@@ -214,16 +214,26 @@ def test_a_dying_coroutine_worker_is_named_within_a_second(no_leaks) -> None:
 
 # -- errors -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_an_error_keeps_its_type_and_names_the_item(backend, no_leaks) -> None:
-    got: list[int] = []
+def test_an_error_keeps_its_type_names_the_item_and_the_pass_goes_on(backend, no_leaks) -> None:
+    it = iter(pf.indices(8) | pf.parallel_map(RaiseAt(3), workers=2, backend=backend))
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(KeyError, match="no object 3") as info:
-        got.extend(pf.indices(8) | pf.parallel_map(RaiseAt(3), workers=2, backend=backend))
-    assert got == [0, 1, 2]  # ordered: everything before the failure was delivered
+        next(it)
+    assert list(it) == [4, 5, 6, 7]  # the next next() goes on with the next item
     note = "\n".join(info.value.__notes__)
     assert "stage 'parallel_map' failed on sample index 3 (epoch 0" in note
     assert ("thread worker" if backend == "thread" else "worker") in note
     if backend == "process":
         assert "test_async.py" in str(info.value.__cause__)  # the worker's own traceback
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ordered", [True, False])
+def test_ignore_errors_drops_the_failed_coroutines_items(backend, ordered, no_leaks) -> None:
+    stage = pf.parallel_map(RaiseAt(3), workers=2, backend=backend, ordered=ordered)
+    loader = pf.indices(8) | stage | pf.ignore_errors(exceptions=KeyError)
+    got = list(loader)
+    assert got == [0, 1, 2, 4, 5, 6, 7] if ordered else sorted(got) == [0, 1, 2, 4, 5, 6, 7]
 
 
 async def exit_at_two(i: int) -> int:
