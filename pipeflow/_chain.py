@@ -132,7 +132,7 @@ class _Pass:
     must go on with the next item. Counts what it hands out for ``state_dict()``.
     """
 
-    __slots__ = ("__weakref__", "chain", "closed", "progress", "record", "started")
+    __slots__ = ("__weakref__", "chain", "closed", "progress", "pull", "record", "started")
 
     def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
         self.chain = chain
@@ -140,22 +140,25 @@ class _Pass:
         self.record = record
         self.started = 0
         self.closed = False
+        self.pull: Callable[[], Any] = self._first  # then the last stage's __next__
 
     def __iter__(self) -> _Pass:
         return self
 
+    def _first(self) -> Any:
+        self.started = time.perf_counter_ns()
+        if self.record is not None:
+            self.record.passes += 1
+        self.pull = self.chain[-1].__next__
+        return self.pull()
+
     def __next__(self) -> Any:
-        if self.closed:
-            raise StopIteration
-        if not self.started:
-            self.started = time.perf_counter_ns()
-            if self.record is not None:
-                self.record.passes += 1
         try:
-            item = next(self.chain[-1])
+            item = self.pull()
         except StopIteration:
-            self.progress.done = True
-            self.close()
+            if not self.closed:
+                self.progress.done = True
+                self.close()
             raise
         except BaseException:
             self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
@@ -175,12 +178,17 @@ class _Pass:
         if self.closed:
             return
         self.closed = True
+        self.pull = _ended
         if self.started and self.record is not None:
             self.record.wall_ns += time.perf_counter_ns() - self.started
         _close_all(self.chain)
 
     def __del__(self) -> None:
         self.close()
+
+
+def _ended() -> Any:
+    raise StopIteration
 
 
 def _close_all(chain: list[Iterator[Any]]) -> None:
