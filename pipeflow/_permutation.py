@@ -10,10 +10,11 @@ The algorithm, a Feistel network on mixed radix:
 - Let ``b`` be the number of bits of ``n - 1`` (at least 2), ``m = 2**(b // 2)`` and
   ``c = ceil(n / m)``. A position ``x`` is the pair ``(hi, lo) = divmod(x, m)``, a point of
   ``[0, c) x [0, m)``, a domain of ``c * m`` positions: at least ``n``, fewer than ``n + m``.
-- ``ROUNDS`` rounds update one half from the other, in turn: ``lo ^= G(hi)`` (the top
-  ``b // 2`` bits of a keyed hash), then ``hi = (hi + H(lo)) % c`` (a keyed hash scaled to
-  ``[0, c)``). Each round is undone by its inverse (``^`` again, or subtracting), so the
-  whole is a bijection of ``[0, c * m)``.
+- ``ROUNDS`` rounds update one half from the other, in turn: ``lo = (lo + G(hi)) % m``
+  (``G``: the top ``b // 2`` bits of a keyed hash), then ``hi = (hi + H(lo)) % c`` (``H``: a
+  keyed hash scaled to ``[0, c)``). Each round is undone by subtracting, so the whole is a
+  bijection of ``[0, c * m)``. Adding rather than XOR-ing matters: an XOR round is always an
+  even permutation, so a network of them never draws half of all orders (the odd ones).
 - A result ``>= n`` (a chance below ``m / n``, about ``1 / sqrt(n)``) is encrypted again until
   it falls in range (cycle walking): that keeps a bijection of ``[0, n)``.
 - The keyed hash is ``t = (v ^ k) * C1; t ^= t >> W/2; t *= C2`` on ``W``-bit words
@@ -57,6 +58,7 @@ _WORDS: dict[int, tuple[type[np.unsignedinteger[Any]], int, int]] = {
 _TAG = 0x5045524D  # "PERM": sets these keys apart from every other stream of the seed
 _FIRST_BLOCK = 1 << 10  # the first block is small, so the first index comes at once
 _BLOCK = 1 << 16  # then blocks of this many positions
+_SCALAR = 32  # this many positions or fewer go through Python integers, not numpy
 _SHIFT32 = np.uint64(32)
 
 Array = npt.NDArray[Any]
@@ -83,6 +85,7 @@ class Permutation:
         "_keys",
         "_lo_bits",
         "_lo_mask",
+        "_scalars",
         "_word",
         "epoch",
         "n",
@@ -106,7 +109,9 @@ class Permutation:
         self._lo_mask = dtype((1 << lo_bits) - 1)
         self._c = -(-n // (1 << lo_bits))
         sequence = np.random.SeedSequence(seed_words(seed, epoch), spawn_key=(_TAG,))
-        self._keys = [dtype(k) for k in sequence.generate_state(ROUNDS, dtype)]
+        words = sequence.generate_state(ROUNDS, dtype).tolist()
+        self._keys = [dtype(k) for k in words]
+        self._scalars = (self._word, c1, c2, lo_bits, words)
 
     def __repr__(self) -> str:
         return f"Permutation(n={self.n}, seed={self.seed}, epoch={self.epoch})"
@@ -134,14 +139,40 @@ class Permutation:
         """:meth:`permute` of in-range positions of the word's dtype."""
         if self.n <= 1:
             return x
+        if x.size <= _SCALAR:
+            return np.array([self.index(v) for v in x.tolist()], self._dtype)
         last = self._dtype(self.n - 1)
         x = self._encrypt(x)
         walk = np.flatnonzero(x > last)
-        while walk.size:  # cycle walking: encrypt what fell outside [0, n) again
+        while walk.size > _SCALAR:  # cycle walking: encrypt what fell outside [0, n) again
             y = self._encrypt(x[walk])
             x[walk] = y
             walk = walk[y > last]
+        for i in walk.tolist():  # the last few, in Python, where numpy's calls cost more
+            x[i] = self.index(int(x[i]))
         return x
+
+    def index(self, position: int) -> int:
+        """The index at one *position*, in Python integers (the same network, one at a time).
+
+        It also walks on from a result in ``[n, c * m)``, as the cycle walking does.
+        """
+        word, c1, c2, lo_bits, keys = self._scalars
+        full, half, lo_mask, c = (1 << word) - 1, word // 2, (1 << lo_bits) - 1, self._c
+        x = position
+        while True:
+            hi, lo = x >> lo_bits, x & lo_mask
+            for i, key in enumerate(keys):
+                t = ((hi if i % 2 == 0 else lo) ^ key) * c1 & full
+                t = (t ^ (t >> half)) * c2 & full
+                if i % 2 == 0:
+                    lo = (lo + (t >> (word - lo_bits))) & lo_mask
+                else:
+                    hi += ((t >> (word - 32)) * c) >> 32
+                    hi = hi - c if hi >= c else hi
+            x = hi << lo_bits | lo
+            if x < self.n:
+                return x
 
     def _encrypt(self, x: Array) -> Array:
         """One pass of the network over ``[0, c * m)`` (*x* is left as it is)."""
@@ -159,9 +190,10 @@ class Permutation:
             np.right_shift(t, half, out=u)
             t ^= u
             np.multiply(t, c2, out=t)
-            if i % 2 == 0:  # lo ^= G(hi): the top bits of the hash
+            if i % 2 == 0:  # lo = (lo + G(hi)) % m, G(hi): the top bits of the hash
                 t >>= top
-                lo ^= t
+                lo += t
+                lo &= self._lo_mask
                 continue
             if self._word == 64:  # hi = (hi + H(lo)) % c, H(lo) = (hash * c) >> W
                 t >>= _SHIFT32
