@@ -16,7 +16,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pipeflow._permutation import Permutation
-
 from tests.strategies import epochs, seeds
 
 # Sizes where a bijection built on bits goes wrong first: tiny ones, primes, powers of two
