@@ -27,8 +27,8 @@ All of it is numpy arithmetic on whole blocks of positions, a few nanoseconds ea
 Keys: the ``ROUNDS`` round keys are the ``W``-bit words
 ``numpy.random.SeedSequence([seed % 2**32, seed >> 32, epoch], spawn_key=(0x5045524D,))
 .generate_state(ROUNDS, uint32 or uint64)``: the words :func:`pipeflow._random.seed_words`
-gives every random stream of pipeflow, set apart from the other streams by the spawn key.
-They do not depend on ``n``.
+gives every random stream of pipeflow, set apart from the other streams by the spawn key
+(:func:`round_keys` computes them in Python, as numpy would). They do not depend on ``n``.
 
 Stability: ``ROUNDS``, the constants, the split and the key derivation are fixed; the orders
 they give are pinned by golden tests (``tests/test_permutation.py``). Changing any of them
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeflow._random import seed_words
+from pipeflow._random import seed_sequence_state, seed_words
 
 __all__ = ["ROUNDS", "Permutation"]
 
@@ -62,6 +62,30 @@ _SCALAR = 32  # this many positions or fewer go through Python integers, not num
 _SHIFT32 = np.uint64(32)
 
 Array = npt.NDArray[Any]
+
+
+def round_keys(seed: int, epoch: int, word: int) -> list[int]:
+    """The ``ROUNDS`` round keys of *word* bits for ``(seed, epoch)``.
+
+    ``SeedSequence(seed_words(seed, epoch), spawn_key=(_TAG,)).generate_state(ROUNDS, uint32
+    or uint64)``, computed in Python (numpy.random's first use would cost milliseconds).
+
+    Examples:
+        >>> import numpy as np
+        >>> sequence = np.random.SeedSequence([7, 0, 3], spawn_key=(_TAG,))
+        >>> round_keys(7, 3, 64) == sequence.generate_state(ROUNDS, np.uint64).tolist()
+        True
+    """
+    entropy = [
+        v >> s & 0xFFFFFFFF
+        for v in seed_words(seed, epoch)
+        for s in range(0, max(v.bit_length(), 1), 32)  # 32-bit words, as numpy cuts them
+    ]
+    entropy += [0] * (4 - len(entropy))  # numpy pads the entropy to 4 words before a spawn key
+    state = seed_sequence_state([*entropy, _TAG], ROUNDS * word // 32)
+    if word == 32:
+        return state
+    return [state[i] | state[i + 1] << 32 for i in range(0, len(state), 2)]
 
 
 class Permutation:
@@ -108,8 +132,7 @@ class Permutation:
         self._lo_bits = dtype(lo_bits)
         self._lo_mask = dtype((1 << lo_bits) - 1)
         self._c = -(-n // (1 << lo_bits))
-        sequence = np.random.SeedSequence(seed_words(seed, epoch), spawn_key=(_TAG,))
-        words = sequence.generate_state(ROUNDS, dtype).tolist()
+        words = round_keys(seed, epoch, self._word)
         self._keys = [dtype(k) for k in words]
         self._scalars = (self._word, c1, c2, lo_bits, words)
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pipeflow._permutation import Permutation
+from pipeflow._permutation import _TAG, ROUNDS, Permutation, round_keys
+from pipeflow._random import seed_words
 from tests.strategies import epochs, seeds
 
 # Sizes where a bijection built on bits goes wrong first: tiny ones, primes, powers of two
@@ -93,6 +94,15 @@ def test_seeds_and_epochs_give_different_orders(n: int, seed: int, epoch: int) -
     assert base != order(n, seed ^ 1, epoch)
     assert base != order(n, (seed + 2**32) % 2**64, epoch)  # the high word counts too
     assert base == order(n, seed, epoch)
+
+
+@given(seed=seeds, epoch=st.one_of(epochs, st.integers(0, 2**80)))
+@example(seed=0, epoch=0)
+@example(seed=2**64 - 1, epoch=2**32)
+def test_round_keys_are_numpy_seed_sequence_words(seed: int, epoch: int) -> None:
+    sequence = np.random.SeedSequence(seed_words(seed, epoch), spawn_key=(_TAG,))
+    assert round_keys(seed, epoch, 32) == sequence.generate_state(ROUNDS, np.uint32).tolist()
+    assert round_keys(seed, epoch, 64) == sequence.generate_state(ROUNDS, np.uint64).tolist()
 
 
 # -- stable across releases -------------------------------------------------------------------
