@@ -7,6 +7,8 @@ For n = 10**6, 10**7, 10**8 (and 10**9, pipeflow alone) and each case:
   (and rank 0 of 8, pipeflow alone, for the issue's done-when);
 - ``resume``: a state saved at 90 % of the epoch, loaded into a fresh loader (pipeflow),
   against iterating the sampler and dropping the first 90 % (torch's samplers can't resume);
+- ``torchgen``: ``pf.shuffle(seed=0, generator="torch")``, which draws ``torch.randperm`` (as
+  ``DistributedSampler`` does) and so stays materialised;
 - ``stream``: the index stage alone (``Permutation(n, seed, epoch).stream()``, what the shuffle
   yields), without the loader's per-item bookkeeping.
 
@@ -69,6 +71,10 @@ def _pipeflow(case: str, n: int, world: int) -> tuple[Any, int]:
         from pipeflow._permutation import Permutation
 
         return (lambda: Permutation(n, 0, 0).stream()), n
+    if case == "torchgen":  # shuffle(generator="torch"): DistributedSampler's draw, materialised
+        loader = pf.indices(n) | pf.shuffle(seed=0, generator="torch")
+        loader.set_stats(False)
+        return (lambda: iter(loader)), n
     loader = pf.indices(n) | pf.shuffle(seed=0)
     if case == "shard":
         loader = loader | pf.shard(0, world)
@@ -170,6 +176,8 @@ def plan(quick: bool, torch_max: int) -> list[tuple[str, str, int, int]]:
             if n <= torch_max:
                 cases.append(("torch", case, n, 64))
         cases.append(("pipeflow", "stream", n, 64))
+        if n <= torch_max:
+            cases.append(("pipeflow", "torchgen", n, 64))
     cases.append(("pipeflow", "shard", 10**9, 8))
     return cases
 
@@ -177,7 +185,7 @@ def plan(quick: bool, torch_max: int) -> list[tuple[str, str, int, int]]:
 def run_all(quick: bool, torch_max: int) -> list[dict[str, Any]]:
     results = []
     for impl, case, n, world in plan(quick, torch_max):
-        if impl == "torch" and n >= 10**8 and _available() < 12 * 1024 * MB:
+        if (impl == "torch" or case == "torchgen") and n >= 10**8 and _available() < 12 * 1024 * MB:
             results.append(
                 {
                     "impl": impl,
@@ -200,6 +208,7 @@ def _label(r: dict[str, Any]) -> str:
         "shard": f"rank 0 of {r['world']}",
         "resume": "resume at 90%",
         "stream": "index stage alone",
+        "torchgen": 'generator="torch"',
     }[r["case"]]
     return f"10^{len(str(r['n'])) - 1} {what}"
 
