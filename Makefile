@@ -1,40 +1,58 @@
 # One driver for humans and CI. `make demo` runs the main job, `make check` runs every check.
-# Both create .venv on first use. Choose another torch build with, e.g.:
+# Both create .venv on first use: `make demo` installs pipeflow and what it needs (torch,
+# numpy, toolz, tqdm, pillow); `make check` adds the dev, docs, compat and plot extras.
+# Choose another torch build with, e.g.:
 #   make check TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+SERVE_ADDR ?= 127.0.0.1:8000
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# What is installed, one stamp per level: the package, then everything for the checks.
+BASE := $(VENV)/.installed-base
+FULL := $(VENV)/.installed-full
+# mkdocs-material prints an end-of-life notice (May 2027) on every run; this turns it off.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: demo check lint types test doctest docs bench clean
+.PHONY: demo check lint types test docs serve bench clean
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/python -m pipeflow demo
 
 check: lint types test docs
 
-$(STAMP): pyproject.toml
+# Editable, so the checkout's code is what runs. pyproject's `package-dir = {"" = "."}` makes
+# setuptools put the checkout on sys.path with a .pth file (its flat-layout default is an
+# import hook, which prints a warning box on every install).
+$(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e ".[dev,docs,compat,plot]"
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
 
-lint: $(STAMP)
+$(FULL): $(BASE)
+	$(BIN)/python -m pip install --quiet -e ".[dev,docs,compat,plot]"
+	touch $@
+
+lint: $(FULL)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-types: $(STAMP)
+types: $(FULL)
 	$(BIN)/mypy
 
-test: $(STAMP)
+test: $(FULL)
 	$(BIN)/python -m pytest
 
-docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+docs: $(FULL)
+	$(MKDOCS) build --strict --site-dir site
 
-bench: $(STAMP)
+# The site with working links and search, at http://$(SERVE_ADDR); rebuilt on every save.
+serve: $(FULL)
+	$(MKDOCS) serve --dev-addr $(SERVE_ADDR)
+
+bench: $(BASE)
 	$(BIN)/python -m pipeflow bench
 
 clean:

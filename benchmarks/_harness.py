@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -21,11 +23,62 @@ class Row:
     note: str = ""
     higher_is_better: bool = True
     samples: dict[str, list[float]] = field(default_factory=dict)
+    #: Whether the goal was met, for a goal that :func:`goal_met` can't read from ``target``.
+    met: bool | None = None
 
     @property
     def ratio(self) -> float:
         """pipeflow / torch (higher is better for rates; lower for times and memory)."""
         return self.pipeflow / self.torch if self.torch else float("nan")
+
+
+_GOAL = re.compile(r"(?P<who>pipeflow\s+)?(?P<op>>=|<=|<|>)\s*(?P<num>[\d.]+)\s*(?P<unit>x|%)?")
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+}
+
+
+def goal_met(row: Row) -> bool | None:
+    """Whether *row* met its goal: ``row.met`` if set, else read from ``row.target``.
+
+    ``">= 3x"`` and ``"<= 0.5x"`` compare the ratio; ``"pipeflow < 0.05"`` compares pipeflow's
+    own value. ``None``: no goal, a goal in another form, or no ratio (torch measured 0).
+
+    Examples:
+        >>> goal_met(Row("w", "samples/s", 34.3, 10.0, ">= 10x"))  # 3.43x
+        False
+        >>> goal_met(Row("w", "seconds", 0.4, 1.0, "<= 0.5x", higher_is_better=False))
+        True
+        >>> goal_met(Row("w", "fraction", 0.01, 0.5, "pipeflow < 0.05"))
+        True
+        >>> goal_met(Row("w", "samples/s", 1.0, 1.0, "overhead < 5%")) is None
+        True
+    """
+    if row.met is not None:
+        return row.met
+    m = _GOAL.fullmatch(row.target.strip())
+    if m is None:
+        return None
+    limit = float(m["num"]) / (100 if m["unit"] == "%" else 1)
+    if m["who"]:
+        value = row.pipeflow
+    elif m["unit"] == "x":
+        value = row.ratio
+    else:
+        return None
+    if math.isnan(value):
+        return None
+    return _OPS[m["op"]](value, limit)
+
+
+def mark(row: Row) -> str:
+    """``"met"``, ``"NOT MET"``, or ``"?"`` (not checked) for *row*'s goal; ``""`` if none."""
+    if not row.target:
+        return ""
+    return {True: "met", False: "NOT MET", None: "?"}[goal_met(row)]
 
 
 def count(batch: Any) -> int:
@@ -81,17 +134,32 @@ def median(xs: list[float]) -> float:
 
 
 def table(rows: list[Row]) -> str:
-    """A plain-text table: medians, ratio, target."""
-    head = f"{'workload':<44} {'unit':<10} {'pipeflow':>12} {'torch':>12} {'ratio':>7}  target"
+    """A plain-text table: medians, ratio, whether the goal was met, the goal; then a tally."""
+    head = (
+        f"{'workload':<44} {'unit':<10} {'pipeflow':>12} {'torch':>12} {'ratio':>7}  "
+        f"{'goal':<7}  target"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.workload:<44} {r.unit:<10} {fmt(r.pipeflow):>12} {fmt(r.torch):>12} "
-            f"{r.ratio:>6.2f}x  {r.target}"
+            f"{r.ratio:>6.2f}x  {mark(r):<7}  {r.target}"
         )
         if r.note:
             lines.append(f"{'':<44} {r.note}")
+    lines.append(summary(rows))
     return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> str:
+    """One line: how many goals were met, missed, and not checked."""
+    marks = [mark(r) for r in rows if r.target]
+    text = f"goals: {marks.count('met')} of {len(marks)} met"
+    if marks.count("NOT MET"):
+        text += f", {marks.count('NOT MET')} NOT MET"
+    if marks.count("?"):
+        text += f", {marks.count('?')} not checked (?)"
+    return text
 
 
 def fmt(x: float) -> str:

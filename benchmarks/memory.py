@@ -254,7 +254,7 @@ def _worker_switch(worker_id: int) -> None:
 
 
 class _Freeze:
-    """Stands in for the ``gc`` module inside ``pipeflow.parallel._pool``."""
+    """Stands in for the ``gc`` module inside ``pipeflow.parallel._fork``."""
 
     def __init__(self, freeze: bool, unfreeze: bool) -> None:
         self._freeze, self._unfreeze = freeze, unfreeze
@@ -313,9 +313,9 @@ def _epoch(loader_name: str, flags: set[str], dataset: Any) -> Iterable[Any]:
     if "switch" in flags:
         kwargs["worker_init_fn"] = _worker_switch
     if "no-freeze" in flags or "keep-frozen" in flags:
-        from pipeflow.parallel import _pool
+        from pipeflow.parallel import _fork
 
-        _pool.gc = _Freeze("no-freeze" not in flags, False)  # type: ignore[attr-defined,assignment]
+        _fork.gc = _Freeze("no-freeze" not in flags, False)  # type: ignore[attr-defined,assignment]
     cls = torch.utils.data.DataLoader if loader_name == "torch" else pf.DataLoader
     return cls(dataset, **kwargs)
 

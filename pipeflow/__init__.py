@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeflow._stage import Stage, stage
+from pipeflow._decorate import stage
+from pipeflow._stage import Stage
 from pipeflow.batch import batch, unbatch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import pin_memory, to_device

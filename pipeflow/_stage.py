@@ -7,16 +7,15 @@ returns a *fresh* iterator; nothing runs until that iterator is consumed. Two st
 
 from __future__ import annotations
 
-import functools
 import inspect
 import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
-if TYPE_CHECKING:
-    from pipeflow.loader import Context
+from pipeflow._context import Context, Hooks
+from pipeflow.state import Resume
 
-__all__ = ["Stage", "stage"]
+__all__ = ["Pipe", "Stage"]
 
 In = TypeVar("In", contravariant=True)
 Out = TypeVar("Out", covariant=True)
@@ -56,6 +55,11 @@ class Stage(Generic[In, Out]):
         name: the name shown in reprs, errors and statistics.
         config: the keyword configuration, already validated.
         length: how the stage changes the number of items (see ``LengthRule``).
+        skip: when resuming skips this stage's first ``k`` outputs by skipping its first
+            ``skip(k)`` inputs: ``"same"`` for a map, a function for a batch, ``None``
+            (replay them) otherwise. :meth:`resumption` answers from it.
+        dataset: the dataset this stage reads by key (``fetch``): errors in the stages
+            after it name the sample indices, and workers report it in ``WorkerInfo``.
 
     Examples:
         >>> from pipeflow import from_iterable, stage
@@ -71,6 +75,7 @@ class Stage(Generic[In, Out]):
 
     __slots__ = (
         "_config",
+        "_dataset",
         "_factory",
         "_fn",
         "_length",
@@ -89,10 +94,12 @@ class Stage(Generic[In, Out]):
         length: LengthRule = None,
         skip: LengthRule = None,
         factory: Callable[..., Stage[Any, Any]] | None = None,
+        dataset: Any = None,
     ) -> None:
         self._fn = fn
         self._factory = factory
         self._skip = skip
+        self._dataset = dataset
         self._wants_context = _takes_keyword(fn, "context")
         self._name = name
         self._config: dict[str, Any] = dict(config or {})
@@ -115,8 +122,19 @@ class Stage(Generic[In, Out]):
         """The flat tuple of primitive stages this stage is made of (itself, here)."""
         return (self,)
 
-    def apply(self, upstream: Iterable[Any], context: Context) -> Iterator[Out]:
-        """Return a fresh iterator of this stage's output over *upstream*."""
+    @property
+    def dataset(self) -> Any:
+        """The dataset this stage reads by key (a ``fetch``), else ``None``."""
+        return self._dataset
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[Out]:
+        """Return a fresh iterator of this stage's output over *upstream*.
+
+        *hooks* carries the loader's private handles (statistics, resumption records) for
+        the stages that use them; the stage function itself only ever sees *context*.
+        """
         extra: dict[str, Any] = {}
         if self._wants_epoch:
             extra["epoch"] = context.epoch
@@ -140,23 +158,24 @@ class Stage(Generic[In, Out]):
             return n
         return rule(n, **self._config)
 
-    def skipped_inputs(self, k: int) -> int | None:
-        """How many input items make the first *k* outputs, when skipping those inputs skips
-        exactly those outputs (a map, a batch); ``None`` when it does not (a shuffle, a filter).
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """How a resumed pass skips this stage's first *k* outputs (see :mod:`pipeflow.state`).
 
-        Resumption uses it to skip consumed items below this stage instead of replaying them.
+        *context* is the stage's context in the pass (``None`` when a state is being taken).
         """
         rule = self._skip
         if rule is None:
-            return None
-        if rule == "same":
-            return k
-        return rule(k, **self._config)
+            return Resume.replay()
+        return Resume.below(k if rule == "same" else rule(k, **self._config))
 
-    def resume_state(self, record: Any, consumed: int) -> Any:
-        """What a pass's *record* says about resuming after *consumed* outputs (for stages
-        that deliver out of order); ``None`` for the rest."""
-        return None
+    def context_after(self, context: Context) -> Context:
+        """The context the next stage sees (this stage may publish ``facts`` for it)."""
+        return context
+
+    def without_torch(self) -> Stage[In, Out]:
+        """This stage as a worker that has not imported torch should run it (the same one,
+        unless the stage has a numpy-only form that makes the tensors on arrival)."""
+        return self
 
     def close(self) -> None:
         """Release anything the stage holds across epochs (nothing, for most stages)."""
@@ -204,7 +223,15 @@ class Stage(Generic[In, Out]):
     def __reduce__(self) -> tuple[Any, ...]:
         if self._factory is not None:  # a @stage function: rebuilt by its factory
             return (_call_factory, (self._factory, self._config))
-        state = (type(self), self._fn, self._name, self._config, self._length, self._skip)
+        state = (
+            type(self),
+            self._fn,
+            self._name,
+            self._config,
+            self._length,
+            self._skip,
+            self._dataset,
+        )
         return (_rebuild, state)
 
 
@@ -219,9 +246,10 @@ def _rebuild(
     config: dict[str, Any],
     length: LengthRule,
     skip: LengthRule = None,
+    dataset: Any = None,
 ) -> Stage[Any, Any]:
     obj = cls.__new__(cls)
-    Stage.__init__(obj, fn, name, config, length=length, skip=skip)
+    Stage.__init__(obj, fn, name, config, length=length, skip=skip, dataset=dataset)
     return obj
 
 
@@ -249,21 +277,24 @@ class Pipe(Stage[In, Out]):
         """The flat tuple of primitive stages, in order."""
         return self._stages
 
-    def apply(self, upstream: Iterable[Any], context: Context) -> Iterator[Out]:
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[Out]:
         """Chain every primitive stage over *upstream*."""
         it: Iterable[Any] = upstream
         for s in self._stages:
             it = s.apply(it, context)
+            context = s.context_after(context)
         return iter(it)
 
-    def skipped_inputs(self, k: int) -> int | None:
-        """Thread *k* back through every stage's skip rule."""
-        out: int | None = k
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """Thread *k* back through every stage: ``below`` when each of them is."""
         for s in reversed(self._stages):
-            if out is None:
-                return None
-            out = s.skipped_inputs(out)
-        return out
+            answer = s.resumption(k, None)
+            if answer.kind != "below":
+                return Resume.replay()
+            k = answer.inputs
+        return Resume.below(k)
 
     def length(self, n: int) -> int | None:
         """Thread *n* through every stage's length rule."""
@@ -305,124 +336,3 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
         return False
     p = params.get(name)
     return p is not None and p.kind is inspect.Parameter.KEYWORD_ONLY
-
-
-# -- the decorator --------------------------------------------------------------------------
-@overload
-def stage(fn: Callable[..., Iterator[Any]], /) -> Callable[..., Stage[Any, Any]]: ...
-@overload
-def stage(
-    *, name: str | None = None, length: LengthRule = None, positional: bool = False
-) -> Callable[[Callable[..., Iterator[Any]]], Callable[..., Stage[Any, Any]]]: ...
-def stage(
-    fn: Callable[..., Iterator[Any]] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    length: LengthRule = None,
-    positional: bool = False,
-) -> Any:
-    """Turn a generator function into a stage factory.
-
-    The function's first parameter receives the upstream iterable; the others are the stage's
-    configuration. Calling the factory checks the configuration against the signature at once
-    (a misspelt or missing argument raises ``TypeError`` when the stage is built, not inside the
-    training loop) and returns an immutable, picklable :class:`Stage`. A keyword-only parameter
-    named ``epoch`` is filled in by the loader with the current epoch.
-
-    Args:
-        fn: the generator function (when used as ``@stage`` without parentheses).
-        name: the stage's name; defaults to the function's name.
-        length: ``"same"`` when the stage yields exactly one item per item in, a function
-            ``length(n, **config) -> int`` when the count is otherwise computable, or ``None``
-            (the default) when it can't be known — then the loader has no ``len()``.
-        positional: each output is computed from the input at the same position alone (a
-            map: no buffering, reordering, dropping). Resuming then skips consumed items
-            below this stage instead of replaying them through it. Needs ``length="same"``.
-
-    Raises:
-        TypeError: if *fn* is not callable, or takes no upstream parameter.
-
-    Examples:
-        >>> import pipeflow as pf
-        >>> @pf.stage(length="same")
-        ... def add(items, *, amount=1):
-        ...     for x in items:
-        ...         yield x + amount
-        >>> add(amount=10)
-        add(amount=10)
-        >>> list(pf.from_iterable(range(3)) | add(amount=10))
-        [10, 11, 12]
-        >>> add(amout=10)
-        Traceback (most recent call last):
-        ...
-        TypeError: stage 'add': got an unexpected keyword argument 'amout'
-    """
-    if positional and length != "same":
-        msg = f"@stage: positional=True needs length='same' (got length={length!r})"
-        raise ValueError(msg)
-    if fn is None:
-        return functools.partial(_make_factory, name=name, length=length, positional=positional)
-    return _make_factory(fn, name=name, length=length, positional=positional)
-
-
-def _make_factory(
-    fn: Callable[..., Iterator[Any]],
-    *,
-    name: str | None,
-    length: LengthRule,
-    positional: bool = False,
-) -> Callable[..., Stage[Any, Any]]:
-    if not callable(fn):
-        msg = f"@stage needs a generator function (got {type(fn).__name__})"
-        raise TypeError(msg)
-    sig = inspect.signature(fn)
-    params = list(sig.parameters.values())
-    if not params or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        msg = (
-            f"@stage: {fn.__qualname__} must take the upstream iterable as its first "
-            "positional parameter"
-        )
-        raise TypeError(msg)
-    if length is not None and length != "same" and not callable(length):
-        msg = f"@stage: length must be 'same', a function or None (got {length!r})"
-        raise TypeError(msg)
-    stage_name = name or fn.__name__
-    config_sig = sig.replace(
-        parameters=[p for p in params[1:] if p.name not in ("epoch", "context")]
-    )
-
-    @functools.wraps(fn)
-    def factory(*args: Any, **kwargs: Any) -> Stage[Any, Any]:
-        if "epoch" in kwargs and _takes_keyword(fn, "epoch"):
-            msg = f"stage {stage_name!r}: 'epoch' is supplied by the loader; use set_epoch()"
-            raise TypeError(msg)
-        try:
-            bound = config_sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"stage {stage_name!r}: {e}") from None
-        bound.apply_defaults()
-        # The stage pickles as "call this factory again": the factory has the function's
-        # name in its module, so pickle finds it by reference.
-        skip: LengthRule = "same" if positional else None
-        return Stage(fn, stage_name, _flatten(bound), length=length, skip=skip, factory=factory)
-
-    return factory
-
-
-def _flatten(bound: inspect.BoundArguments) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    for pname, value in bound.arguments.items():
-        kind = bound.signature.parameters[pname].kind
-        if kind is inspect.Parameter.VAR_KEYWORD:
-            config.update(value)
-        elif kind is inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                msg = f"stage parameters must be named; *{pname} is not supported"
-                raise TypeError(msg)
-        else:
-            config[pname] = value
-    return config

@@ -6,8 +6,6 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from toolz import partition, partition_all
-
 from pipeflow._stage import Stage
 
 __all__ = ["batch", "unbatch"]
@@ -51,10 +49,13 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
 
 
 def _batch(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
-    # toolz's partition / partition_all run in C (zip over one iterator); list() matches the
-    # lists that torch's BatchSampler yields.
-    groups = partition(size, items) if drop_last else partition_all(size, items)
-    return map(list, groups)
+    # islice reads exactly one batch per next(): nothing is read ahead (toolz's partition_all
+    # holds a whole batch back to find the last one). Lists, as torch's BatchSampler yields.
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        if drop_last and len(chunk) < size:
+            return
+        yield chunk
 
 
 def _batch_length(n: int, size: int, drop_last: bool) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
-from pipeflow.device import pin_memory
+from pipeflow.device import _accelerator, pin_memory
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
@@ -32,6 +33,10 @@ from pipeflow.sources import from_iterable, from_sampler
 __all__ = ["DataLoader"]
 
 T_co = TypeVar("T_co", covariant=True)
+
+# torch < 2.6 has neither `in_order` nor `torch.accelerator`: the facade keeps its own
+# `in_order` there (pipeflow delivers out of order on any torch) and asks CUDA instead.
+_TORCH_HAS_IN_ORDER = "in_order" in inspect.signature(tud.DataLoader.__init__).parameters
 
 # torch's collate functions are swapped for ours, which give the same batches faster.
 _FASTER: dict[Callable[..., Any], Callable[..., Any]] = {
@@ -98,8 +103,10 @@ class DataLoader(tud.DataLoader[T_co]):
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
-            in_order=in_order,
+            **({"in_order": in_order} if _TORCH_HAS_IN_ORDER else {}),
         )
+        if not _TORCH_HAS_IN_ORDER:  # pragma: no cover - torch < 2.6
+            self.in_order = in_order
         self._pf_drawn = False
         self._pf_rng_at_start: str | None = None
         self._pf_key: tuple[Any, ...] | None = None
@@ -151,7 +158,7 @@ class DataLoader(tud.DataLoader[T_co]):
             if self.num_workers > 0 or not self.in_order:  # batch k to worker k % num_workers
                 work = parallel_map(work, round_robin=True, **workers)
             loader = loader | work
-        if self.pin_memory and torch.accelerator.is_available():
+        if self.pin_memory and _accelerator():
             loader = loader | pin_memory()  # in a background thread, as torch does
         if self._pf_loader is not None:  # keep the epoch count across a rebuild
             loader.set_epoch(self._pf_loader.epoch)
@@ -262,7 +269,7 @@ class DataLoader(tud.DataLoader[T_co]):
                 f"device, ignore pin_memory_device='{self.pin_memory_device}'.",
                 stacklevel=3,
             )
-        if self.pin_memory and not torch.accelerator.is_available():
+        if self.pin_memory and not _accelerator():
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, then device "
                 "pinned memory won't be used.",

@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from pipeflow._context import Context
 from pipeflow._stage import Stage
-from pipeflow.loader import Context
 from pipeflow.worker_info import get_worker_info, in_replica
 
 __all__ = ["rank_and_world_size", "shard"]

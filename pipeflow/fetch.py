@@ -42,7 +42,7 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
         msg = f"fetch: batched must be None or a bool (got {batched!r})"
         raise TypeError(msg)
     config = {"dataset": dataset, "batched": batched}
-    return Stage(_fetch, "fetch", config, length="same", skip="same")
+    return Stage(_fetch, "fetch", config, length="same", skip="same", dataset=dataset)
 
 
 def _fetch(keys: Iterable[Any], dataset: Any, batched: bool | None, *, epoch: int) -> Iterator[Any]:

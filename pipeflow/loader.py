@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
-import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar, overload
 
+from pipeflow._chain import run
+from pipeflow._context import Context
 from pipeflow._stage import Stage
-from pipeflow.errors import annotate
-from pipeflow.stats import LoaderRecord, StageRecord, Stats
+from pipeflow.state import Progress, check, take
+from pipeflow.stats import LoaderRecord, Stats
 
 __all__ = ["Context", "Loader", "Source"]
 
@@ -19,44 +18,26 @@ T = TypeVar("T")
 Out = TypeVar("Out", covariant=True)
 
 
-@dataclass(frozen=True)
-class Context:
-    """What a pass of the loader tells its stages.
-
-    Attributes:
-        epoch: the epoch of this pass.
-        base_seed: a seed for this pass's workers chosen by the caller, or a function that
-            returns it (the DataLoader facade draws it from its ``generator``, as torch does);
-            ``None`` lets stages derive one from their own seed and the epoch.
-    """
-
-    epoch: int
-    base_seed: int | Callable[[], int] | None = None
-    #: How many items before this stage's first input the pass skipped (a resumed pass
-    #: starts mid-epoch): a stage that numbers its items starts counting here.
-    offset: int = 0
-    #: This stage's position in the loader (set per stage).
-    stage_index: int = -1
-    #: What out-of-order stages record during the pass, by stage position.
-    records: dict[int, Any] = field(default_factory=dict)
-    #: What resuming tells out-of-order stages, by stage position.
-    resume: dict[int, Any] = field(default_factory=dict)
-    #: Where this stage's statistics go (a :class:`pipeflow.stats.StageRecord`).
-    record: Any = None
-    #: The number of items the loader yields per epoch, when known (for progress bars).
-    length: int | None = None
-    #: How many items each stage yields per epoch (index 0: the source), when known.
-    lengths: tuple[int | None, ...] = ()
-
-
 class Source(Generic[Out]):
     """Where items enter a pipeline. Subclasses implement :meth:`iterate` and :meth:`length`."""
 
     name: str = "source"
+    #: Whether :meth:`iterate` takes the loader's private hooks as a second argument (a
+    #: parallel source keeps its persistent pool there).
+    uses_hooks: bool = False
 
     def iterate(self, context: Context) -> Iterator[Out]:
-        """Return a fresh iterator over this epoch's items."""
+        """Return a fresh iterator over this epoch's items.
+
+        A source whose :meth:`positions` is not ``None`` starts at item ``context.start``
+        (a resumed pass); the others always start at the beginning.
+        """
         raise NotImplementedError
+
+    def positions(self) -> int | None:
+        """``n`` when this source yields exactly ``0, 1, ..., n - 1`` (and can start
+        anywhere in them, cheaply); ``None`` for other sources."""
+        return None
 
     def length(self) -> int | None:
         """The number of items per epoch, or ``None`` when it can't be known up front."""
@@ -103,6 +84,7 @@ class Loader(Generic[Out]):
         "_progress",
         "_record",
         "_recording",
+        "_resources",
         "_source",
         "_stages",
     )
@@ -116,10 +98,14 @@ class Loader(Generic[Out]):
         self._next_epoch = 0
         self._next: dict[str, Any] = {}  # where the next pass starts, when resuming
         self._epoch: int | None = None
-        self._progress: _Progress | None = None
+        self._progress: Progress | None = None
         self._record: LoaderRecord | None = None
         self._recording = True
         self._active: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
+        # What stages keep across passes (persistent worker pools), by stage position: they
+        # belong to this loader's runs, not to the stages, which stay immutable recipes.
+        self._resources: dict[int, dict[Any, Any]] = {}
+        weakref.finalize(self, _close_resources, self._resources)
 
     # -- structure --------------------------------------------------------------------------
     @property
@@ -192,25 +178,23 @@ class Loader(Generic[Out]):
         resume, self._next = self._next, {}
         self._next_epoch = epoch + 1
         self._epoch = epoch
-        lengths = [self._source.length()]
-        for s in self._stages:
-            n = lengths[-1]
-            lengths.append(None if n is None else s.length(n))
-        context = Context(
-            epoch=epoch,
-            base_seed=base_seed,
-            resume=resume.get("stages", {}),
-            length=lengths[-1],
-            lengths=tuple(lengths),
-        )
-        progress = _Progress(epoch, resume.get("position", 0), context.records)
+        progress = Progress(epoch, resume.get("position", 0))
         if self._progress is not None:
             self._progress.superseded = True
         self._progress = progress
         if self._record is None:
             self._record = LoaderRecord([self._source.name, *(s.name for s in self._stages)])
         record = self._record if self._recording else None
-        it = _run(self._source, self._stages, context, progress, record)
+        it = run(
+            self._source,
+            self._stages,
+            epoch=epoch,
+            base_seed=base_seed,
+            resume=resume,
+            progress=progress,
+            record=record,
+            resources=self._resources,
+        )
         self._active.add(it)
         return it
 
@@ -234,7 +218,7 @@ class Loader(Generic[Out]):
 
     def set_stats(self, enabled: bool) -> None:
         """Turn the recording of statistics on or off for the next passes (on by default;
-        it costs two clock reads per item per stage)."""
+        it counts every item and times a sample of them)."""
         self._recording = bool(enabled)
 
     # -- resumption -------------------------------------------------------------------------
@@ -246,9 +230,13 @@ class Loader(Generic[Out]):
         exactly the rest of this epoch, then the following epochs, as if never interrupted.
         Starts no worker. See :mod:`pipeflow.state` for what is recorded.
         """
-        from pipeflow.state import take
-
-        return take(self, self._progress)
+        return take(
+            self._source,
+            self._stages,
+            self._length(),
+            self._progress,
+            (self._next_epoch, self._next),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next pass resume where *state* (from :meth:`state_dict`) was taken.
@@ -257,16 +245,16 @@ class Loader(Generic[Out]):
             ValueError: if *state* comes from a different pipeline (another source length,
                 stage list, batch size, seed...), naming what differs.
         """
-        from pipeflow.state import check, stage_positions
-
-        check(self, state)
+        self._next = check(self._source, self._stages, self._length(), state)
         self._next_epoch = state["epoch"]
-        self._next = {
-            "position": state["position"],
-            "stages": stage_positions(self, state.get("stages", {})),
-        }
         if self._progress is not None:
             self._progress.superseded = True
+
+    def _length(self) -> int | None:
+        try:
+            return len(self)
+        except TypeError:
+            return None
 
     # -- resources --------------------------------------------------------------------------
     def close(self) -> None:
@@ -277,6 +265,7 @@ class Loader(Generic[Out]):
         self._source.close()
         for s in self._stages:
             s.close()
+        _close_resources(self._resources)
 
     def __enter__(self) -> Loader[Out]:
         return self
@@ -285,183 +274,8 @@ class Loader(Generic[Out]):
         self.close()
 
 
-class _Progress:
-    """One pass, as resumption sees it: its epoch, where it started, what it delivered."""
-
-    __slots__ = ("delivered", "done", "epoch", "records", "start", "superseded")
-
-    def __init__(self, epoch: int, start: int, records: dict[int, Any]) -> None:
-        self.epoch = epoch
-        self.start = start  # outputs of this epoch skipped (a resumed pass)
-        self.delivered = 0  # outputs yielded by this pass
-        self.done = False
-        self.superseded = False  # set_epoch / load_state_dict / a newer pass came after it
-        self.records = records
-
-
-def skip_plan(stages: tuple[Stage[Any, Any], ...], position: int) -> tuple[int, int]:
-    """Where to skip *position* consumed outputs: ``(boundary, count)``.
-
-    Skipping *count* items right after stage ``boundary - 1`` (``boundary`` 0: straight out
-    of the source) skips exactly the first *position* outputs, and every stage from
-    ``boundary`` on is a map or a batch, so nothing consumed is fetched, decoded or collated
-    again. Stages before the boundary (a shuffle, a filter) replay the consumed items.
-    """
-    count = position
-    for i in range(len(stages) - 1, -1, -1):
-        inputs = stages[i].skipped_inputs(count)
-        if inputs is None:
-            return i + 1, count
-        count = inputs
-    return 0, count
-
-
-def _run(
-    source: Source[Any],
-    stages: tuple[Stage[Any, Any], ...],
-    context: Context,
-    progress: _Progress | None = None,
-    record: LoaderRecord | None = None,
-) -> Iterator[Any]:
-    """One epoch: build the chain of iterators now (as torch does at ``iter()``), drive it later."""
-    chain: list[Iterator[Any]] = []
-    name = source.name
-    boundary, skip = 0, 0
-    if context.resume:  # an out-of-order stage says what to skip below it
-        index = min(context.resume)
-        boundary, skip = skip_plan(stages[:index], context.resume[index]["prefix"])
-    elif progress is not None and progress.start:
-        boundary, skip = skip_plan(stages, progress.start)
-    offset = 0  # items skipped before the current stage's input
-    try:
-        recs = record.stages if record is not None else [None] * (len(stages) + 1)
-        it: Iterator[Any] = source.iterate(context)
-        if boundary == 0 and skip:
-            it, offset = itertools.islice(it, skip, None), skip
-        chain.append(_watch(it, name, context, None, recs[0]))
-        fetched: list[Any] | None = None
-        for i, s in enumerate(stages):
-            name = s.name
-            upstream = chain[-1]
-            if name == "fetch":  # remember what it fetched: the next stage's errors name it
-                keys: list[Any] = [None]
-                upstream = _remember(upstream, keys)
-            it = s.apply(
-                upstream, replace(context, offset=offset, stage_index=i, record=recs[i + 1])
-            )
-            if offset:  # the outputs this stage did not make because of the skip below it
-                offset = offset if s.length(offset) is None else s.length(offset) or 0
-            if boundary == i + 1 and skip:
-                it, offset = itertools.islice(it, skip, None), skip
-            chain.append(_watch(it, name, context, fetched, recs[i + 1]))
-            fetched = keys if name == "fetch" else None
-    except Exception as e:
-        annotate(e, name, context.epoch)
-        _close_all(chain)
-        raise
-    return _drive(chain, progress, record)
-
-
-def _drive(
-    chain: list[Iterator[Any]], progress: _Progress | None, record: LoaderRecord | None
-) -> Iterator[Any]:
-    if progress is None:
-        try:
-            yield from chain[-1]
-        finally:
-            _close_all(chain)
-        return
-    if record is None:  # statistics off: count what is delivered, for state_dict()
-        try:
-            for item in chain[-1]:
-                progress.delivered += 1
-                yield item
-            progress.done = True
-        finally:
-            _close_all(chain)
-        return
-    clock = time.perf_counter_ns
-    record.passes += 1
-    waits = record.waits.append
-    it = chain[-1]
-    start = t = clock()
-    try:
-        for item in it:
-            now = clock()
-            waits(now - t)
-            progress.delivered += 1
-            yield item
-            t = clock()
-        waits(clock() - t)
-        progress.done = True
-    finally:
-        record.wall_ns += clock() - start
-        _close_all(chain)
-
-
-def _close_all(chain: list[Iterator[Any]]) -> None:
-    for link in reversed(chain):
-        close = getattr(link, "close", None)
-        if close is not None:
-            close()
-
-
-def _watch(
-    it: Iterator[Any],
-    name: str,
-    context: Context,
-    fetched: list[Any] | None = None,
-    rec: StageRecord | None = None,
-) -> Iterator[Any]:
-    """Pass items through, timing the stage and naming it in any exception it starts.
-
-    Right after a ``fetch``, *fetched* holds the key it fetched last: the note then names the
-    sample indices of the batch that failed (a collate of ragged samples, say).
-    """
-    n = 0
-    clock = time.perf_counter_ns
-    try:
-        if rec is None:
-            for item in it:
-                n += 1
-                yield item
-            return
-        # Counted in locals, written to the record every 50 ms and at the end: the record is
-        # at most 50 ms behind, and an item costs two clock reads and two additions.
-        busy = 0
-        flushed = n
-        t = clock()
-        next_flush = t + 50_000_000
-        try:
-            for item in it:
-                now = clock()
-                busy += now - t
-                n += 1
-                if now >= next_flush:
-                    rec.busy_ns += busy
-                    rec.items += n - flushed
-                    busy, flushed, next_flush = 0, n, now + 50_000_000
-                    rec.sample(now)
-                yield item
-                t = clock()
-            now = clock()
-            busy += now - t
-        finally:
-            rec.busy_ns += busy
-            rec.items += n - flushed
-            rec.sample(clock())
-    except Exception as e:
-        key = fetched[0] if fetched is not None else None
-        if type(key) is list:
-            annotate(e, name, context.epoch, batch=key)
-        elif key is not None:
-            annotate(e, name, context.epoch, index=key)
-        else:
-            annotate(e, name, context.epoch, item=n)
-        raise
-
-
-def _remember(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:
-    for key in keys:
-        cell[0] = key
-        yield key
+def _close_resources(resources: dict[int, dict[Any, Any]]) -> None:
+    for kept in resources.values():
+        for thing in list(kept.values()):
+            thing.close()
+        kept.clear()

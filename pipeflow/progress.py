@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from pipeflow._context import Context
 from pipeflow._stage import Stage
-from pipeflow.loader import Context
 
 __all__ = ["progress"]
 
@@ -74,9 +74,8 @@ def _progress(
         return
     from tqdm.auto import tqdm
 
-    index = context.stage_index + 1
-    if total is None and 0 <= index < len(context.lengths):
-        total = context.lengths[index]
+    if total is None:
+        total = context.total
     bar: Any = tqdm(
         total=total,
         initial=context.offset,

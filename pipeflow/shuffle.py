@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from pipeflow._random import check_seed, fresh_seed, numpy_rng, seed_words
+from pipeflow._context import Context
+from pipeflow._random import check_seed, derive, fresh_seed, numpy_rng
 from pipeflow._stage import Stage
 
 __all__ = ["shuffle"]
@@ -73,24 +75,36 @@ def shuffle(
     )
 
 
-def _permute(items: Iterable[T], seed: int, *, epoch: int) -> Iterator[T]:
+def _permute(items: Iterable[T], seed: int, *, context: Context) -> Iterator[T]:
+    # The permutation is drawn at the first next(), not at iter(), as every stage reads
+    # nothing before it is asked; from then on the items flow at C speed.
+    return itertools.chain.from_iterable(_draw(items, seed, context))
+
+
+def _draw(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[T]]:
+    rng = numpy_rng(seed, context.epoch)
+    if context.positions is not None:  # the items are 0..n-1: no need to read them
+        yield rng.permutation(context.positions).tolist()
+        return
     pool = list(items)
-    order = numpy_rng(seed, epoch).permutation(len(pool)).tolist()
-    return map(pool.__getitem__, order)
+    yield map(pool.__getitem__, rng.permutation(len(pool)).tolist())
 
 
 def _permute_torch(items: Iterable[T], seed: int, generator: str, *, epoch: int) -> Iterator[T]:
+    return itertools.chain.from_iterable(_draw_torch(items, seed, epoch))
+
+
+def _draw_torch(items: Iterable[T], seed: int, epoch: int) -> Iterator[Iterable[T]]:
     import torch
 
     pool = list(items)
     g = torch.Generator()
     g.manual_seed(seed + epoch)  # DistributedSampler's draw
-    order = torch.randperm(len(pool), generator=g).tolist()
-    return map(pool.__getitem__, order)
+    yield map(pool.__getitem__, torch.randperm(len(pool), generator=g).tolist())
 
 
 def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:
-    rng = random.Random(sum(w << (32 * i) for i, w in enumerate(seed_words(seed, epoch))))
+    rng = random.Random(derive(seed, epoch))
     buf: list[T] = []
     randrange = rng.randrange
     for item in items:

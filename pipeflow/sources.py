@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
+from pipeflow._context import Context
 from pipeflow._stage import _short
 from pipeflow.errors import PipeflowError
-from pipeflow.loader import Context, Loader, Source
+from pipeflow.loader import Loader, Source
 
 __all__ = ["from_iterable", "from_sampler", "indices"]
 
@@ -25,7 +26,10 @@ class _Indices(Source[int]):
         self.n = n
 
     def iterate(self, context: Context) -> Iterator[int]:
-        return iter(range(self.n))
+        return iter(range(context.start, self.n))
+
+    def positions(self) -> int:
+        return self.n
 
     def length(self) -> int:
         return self.n

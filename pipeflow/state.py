@@ -1,4 +1,4 @@
-"""Exact resumption: what ``Loader.state_dict()`` records, and how it is checked and replayed.
+"""Exact resumption, in one place: what a state records, how it is checked, and the skip plan.
 
 A state is a small JSON-serialisable dict:
 
@@ -13,106 +13,240 @@ A state is a small JSON-serialisable dict:
 }
 ```
 
-Resuming skips the consumed items *below* the stages that make batches of them: the first
-``position`` outputs of ``indices | shuffle | batch(64) | fetch | collate`` are the first
-``64 * position`` shuffled indices, so the resumed pass drops those indices and fetches,
-decodes and collates only what is left. A stage that is not a map or a batch (a ``filter``,
-say) cannot be skipped through: consumed items are replayed through it and dropped after it.
+Each stage says how its first ``k`` outputs are skipped, through one method,
+:meth:`pipeflow.Stage.resumption`, which answers with a :class:`Resume`:
 
-An unordered ``parallel_map`` delivers items out of order, so "the first k" is not enough: its
-state lists what it delivered — every item before ``prefix``, and the ``extras`` after it.
+- ``Resume.below(n)``: skipping its first ``n`` inputs skips exactly its first ``k`` outputs
+  (a map: ``n = k``; a batch of 64: ``n = 64 * k``). The question moves up a stage, so the
+  first ``position`` outputs of ``indices | shuffle | batch(64) | fetch | collate`` are
+  skipped as the first ``64 * position`` shuffled indices: nothing consumed is fetched,
+  decoded or collated again.
+- ``Resume.seek()``: the stage skips them itself, cheaply (it gets ``context.start = k``).
+- ``Resume.replay()``: the consumed items are replayed through the stage and dropped after
+  it (a ``filter``: which inputs made the first ``k`` outputs is only known by running it).
+- ``Resume.recorded()``: the stage delivers out of order (an unordered ``parallel_map``), so
+  "the first k" is not enough: its state lists what it delivered — every item before
+  ``prefix``, and the ``extras`` after it — and a resumed pass skips exactly those.
 
-Workers, backends and in-flight limits are not part of a pipeline's identity: a state resumes
-with any worker count. Seeds, sizes and the stage list are: a state from another pipeline is
-refused with ``ValueError``.
+A state saved after the last item of an epoch, before the pass ended, resumes to an empty rest
+of that epoch, then the next epoch; a state saved after the pass ended is the next epoch's
+start. Workers, backends and in-flight limits are not part of a pipeline's identity: a state
+resumes with any worker count. Seeds, sizes and the stage list are: a state from another
+pipeline is refused with ``ValueError``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from pipeflow.loader import Loader, _Progress
-
-__all__ = ["VERSION", "check", "fingerprint", "stage_positions", "take"]
+__all__ = ["VERSION", "Plan", "Progress", "Resume", "check", "fingerprint", "plan", "take"]
 
 VERSION = 1
 
 
+@dataclass(frozen=True)
+class Resume:
+    """How a stage skips its first outputs when a pass resumes (see the module's text)."""
+
+    kind: Literal["below", "seek", "replay", "recorded"]
+    inputs: int = 0
+
+    @staticmethod
+    def below(inputs: int) -> Resume:
+        """Skipping the first *inputs* inputs skips exactly the outputs asked about."""
+        return Resume("below", inputs)
+
+    @staticmethod
+    def seek() -> Resume:
+        """The stage skips the outputs itself, told by ``context.start``."""
+        return Resume("seek")
+
+    @staticmethod
+    def replay() -> Resume:
+        """The consumed items are replayed through the stage and dropped after it."""
+        return Resume("replay")
+
+    @staticmethod
+    def recorded() -> Resume:
+        """The stage delivers out of order and records what it delivered."""
+        return Resume("recorded")
+
+
+class Delivery:
+    """What an out-of-order stage delivered in one pass: every item numbered below *prefix*
+    and *extras* before the pass (a resumed one), then *order*, in delivery order."""
+
+    __slots__ = ("extras", "order", "prefix")
+
+    def __init__(self, prefix: int, extras: frozenset[int]) -> None:
+        self.prefix = prefix
+        self.extras = extras
+        self.order: list[int] = []
+
+    def after(self, consumed: int) -> dict[str, Any]:
+        """The stage's state once the consumer took *consumed* of this pass's outputs."""
+        done = set(self.extras) | set(self.order[:consumed])
+        prefix = self.prefix
+        while prefix in done:
+            done.discard(prefix)
+            prefix += 1
+        return {"prefix": prefix, "extras": sorted(done)}
+
+
+class Progress:
+    """One pass, as resumption sees it: its epoch, where it started, what it delivered."""
+
+    __slots__ = ("delivered", "deliveries", "done", "epoch", "start", "superseded")
+
+    def __init__(self, epoch: int, start: int) -> None:
+        self.epoch = epoch
+        self.start = start  # outputs of this epoch skipped (a resumed pass)
+        self.delivered = 0  # outputs yielded by this pass
+        self.done = False  # the pass ran to its end
+        self.superseded = False  # set_epoch / load_state_dict / a newer pass came after it
+        self.deliveries: dict[int, Delivery] = {}  # by stage position: out-of-order stages
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a pass skips what was consumed.
+
+    Attributes:
+        source_skip: items to skip straight out of the source.
+        cut: ``{stage position: outputs to drop after that stage}`` (a replayed stage).
+        start: ``{stage position: outputs it skips itself}`` (a seeking stage).
+        offsets: per stage, how many of its inputs were skipped before its first one.
+        extras: ``{stage position: numbers of items delivered before}`` (out-of-order).
+    """
+
+    source_skip: int = 0
+    cut: tuple[tuple[int, int], ...] = ()
+    start: tuple[tuple[int, int], ...] = ()
+    offsets: tuple[int, ...] = ()
+    extras: tuple[tuple[int, frozenset[int]], ...] = ()
+
+
+def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any]) -> Plan:
+    """The skip plan for a pass that resumes at ``resume["position"]`` (and its stages).
+
+    *contexts* are the stages' contexts as the pass would give them without resuming (a
+    stage's answer may depend on them: a shuffle over positions seeks, over items replays).
+    """
+    n = len(stages)
+    records = resume.get("stages", {})
+    k = resume.get("position", 0)
+    end = n
+    extras: tuple[tuple[int, frozenset[int]], ...] = ()
+    if records:  # an out-of-order stage: skip what it had delivered, below it
+        end = min(records)
+        k = records[end]["prefix"]
+        extras = ((end, frozenset(records[end]["extras"])),)
+    offsets = [0] * n
+    if end < n:
+        offsets[end] = k
+        for j in range(end + 1, n):  # after it, what its outputs skipped, by length
+            prev = offsets[j - 1]
+            offsets[j] = (stages[j - 1].length(prev) or 0) if prev else 0
+    source_skip = k
+    cut: tuple[tuple[int, int], ...] = ()
+    start: tuple[tuple[int, int], ...] = ()
+    for i in range(end - 1, -1, -1):
+        if i + 1 < end:
+            offsets[i + 1] = k  # stage i + 1 skips the k outputs of stage i
+        answer = stages[i].resumption(k, contexts[i])
+        if answer.kind == "below":
+            k = source_skip = answer.inputs
+            continue
+        source_skip = 0
+        if answer.kind == "seek":
+            start = ((i, k),)
+        elif k:
+            cut = ((i, k),)
+        break
+    else:
+        if end > 0:
+            offsets[0] = source_skip  # stage 0 skips what the source skipped
+    return Plan(source_skip, cut, start, tuple(offsets), extras)
+
+
+# -- taking and checking states ----------------------------------------------------------------
 def _identity(stage: Any) -> list[str]:
     identity = getattr(stage, "identity", None)
     return identity() if identity is not None else [repr(stage)]
 
 
-def fingerprint(loader: Loader[Any]) -> list[str]:
+def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
     """The pipeline's identity: its source and every stage, without runtime knobs.
 
     A ``parallel_map`` in order counts as the stages it runs, so states move freely between
     runs with and without workers.
     """
-    return [loader.source.describe(), *(x for s in loader.stages for x in _identity(s))]
+    return [source.describe(), *(x for s in stages for x in _identity(s))]
 
 
-def _flat_index(loader: Loader[Any], index: int) -> int:
+def _flat_index(stages: Sequence[Any], index: int) -> int:
     """Where stage *index* starts in the fingerprint (after the source)."""
-    return sum(len(_identity(s)) for s in loader.stages[:index])
+    return sum(len(_identity(s)) for s in stages[:index])
 
 
-def _stage_index(loader: Loader[Any], flat: int) -> int:
-    for i in range(len(loader.stages)):
-        if _flat_index(loader, i) == flat:
+def _stage_index(stages: Sequence[Any], flat: int) -> int:
+    for i in range(len(stages)):
+        if _flat_index(stages, i) == flat:
             return i
     msg = f"load_state_dict: the state names a stage at {flat} that this pipeline does not have"
     raise ValueError(msg)
 
 
-def _length(loader: Loader[Any]) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:
-        return None
+def take(
+    source: Any,
+    stages: Sequence[Any],
+    length: int | None,
+    progress: Progress | None,
+    pending: tuple[int, dict[str, Any]],
+) -> dict[str, Any]:
+    """The state of a loader, given its latest pass and where its next pass would start.
 
-
-def take(loader: Loader[Any], progress: _Progress | None) -> dict[str, Any]:
-    """The state of *loader*, given its latest pass."""
-    length = _length(loader)
-    stages: dict[str, Any] = {}
+    *pending* is ``(epoch, resume)``: what the next pass does when no pass is in progress.
+    """
+    flat_stages: dict[str, Any] = {}
     if progress is None or progress.superseded:
-        epoch = loader._next_epoch
-        position = loader._next.get("position", 0)
-        stages = {str(_flat_index(loader, k)): v for k, v in loader._next.get("stages", {}).items()}
+        epoch, resume = pending
+        position = resume.get("position", 0)
+        flat_stages = {str(_flat_index(stages, k)): v for k, v in resume.get("stages", {}).items()}
     elif progress.done:
         epoch, position = progress.epoch + 1, 0
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
-        for index, record in progress.records.items():
-            after = loader.stages[index + 1 :]
+        for index, delivery in progress.deliveries.items():
             consumed: int | None = progress.delivered
-            for s in reversed(after):
-                consumed = None if consumed is None else s.skipped_inputs(consumed)
+            for s in reversed(stages[index + 1 :]):
+                answer = s.resumption(consumed, None) if consumed is not None else None
+                consumed = answer.inputs if answer and answer.kind == "below" else None
             if consumed is None:
                 msg = (
-                    f"state_dict: stage {loader.stages[index].name!r} delivers out of order, "
+                    f"state_dict: stage {stages[index].name!r} delivers out of order, "
                     "and a stage after it is not a map or a batch, so what was consumed can't "
                     "be told; use ordered=True, or move that stage before it"
                 )
                 raise ValueError(msg)
-            flat = _flat_index(loader, index)
-            stages[str(flat)] = loader.stages[index].resume_state(record, consumed)
-    if length is not None and position >= length and not stages:
-        epoch, position = epoch + 1, 0  # the end of an epoch is the start of the next
+            flat_stages[str(_flat_index(stages, index))] = delivery.after(consumed)
     return {
         "pipeflow_state": VERSION,
         "epoch": epoch,
         "position": position,
-        "stages": stages,
-        "pipeline": fingerprint(loader),
+        "stages": flat_stages,
+        "pipeline": fingerprint(source, stages),
         "length": length,
     }
 
 
-def check(loader: Loader[Any], state: Any) -> None:
-    """Refuse a *state* that is not from a pipeline like *loader*, naming what differs."""
+def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) -> dict[str, Any]:
+    """Refuse a *state* that is not from a pipeline like this one, naming what differs.
+
+    Returns what the next pass needs: ``{"position": ..., "stages": {stage position: ...}}``.
+    """
     if not isinstance(state, dict) or state.get("pipeflow_state") != VERSION:
         msg = (
             "load_state_dict: not a pipeflow loader state (expected a dict from "
@@ -132,7 +266,7 @@ def check(loader: Loader[Any], state: Any) -> None:
             f"(got {state['epoch']}, {state['position']})"
         )
         raise ValueError(msg)
-    here = fingerprint(loader)
+    here = fingerprint(source, stages)
     there = state["pipeline"]
     if here != there:
         for i, (a, b) in enumerate(zip(here, there)):
@@ -148,15 +282,41 @@ def check(loader: Loader[Any], state: Any) -> None:
             f"here, {len(there) - 1} in the state ({' | '.join(there)})"
         )
         raise ValueError(msg)
-    length = _length(loader)
     if state.get("length") != length:
         msg = (
             f"load_state_dict: the state is from a pipeline of another length: {length} "
             f"outputs per epoch here, {state.get('length')} in the state"
         )
         raise ValueError(msg)
+    if length is not None and state["position"] > length:
+        msg = (
+            f"load_state_dict: the state's position {state['position']} lies past the end of "
+            f"the epoch ({length} outputs per epoch)"
+        )
+        raise ValueError(msg)
+    records = state.get("stages", {})
+    return {
+        "position": state["position"],
+        "stages": {_stage_index(stages, int(k)): v for k, v in records.items()},
+    }
 
 
-def stage_positions(loader: Loader[Any], stages: dict[str, Any]) -> dict[int, Any]:
-    """A state's out-of-order stage records, keyed by this loader's stage positions."""
-    return {_stage_index(loader, int(k)): v for k, v in stages.items()}
+# -- the pieces a pass runs --------------------------------------------------------------------
+def numbered(items: Iterable[Any], first: int, skip: frozenset[int]) -> Iterator[Any]:
+    """``(number, item)`` pairs counted from *first*, without the numbers in *skip* (items
+    an out-of-order stage delivered before the pass resumed)."""
+    if not skip:
+        return enumerate(items, first)
+    return ((seq, item) for seq, item in enumerate(items, first) if seq not in skip)
+
+
+def recording(pairs: Iterable[tuple[int, Any]], order: list[int] | None) -> Iterator[Any]:
+    """Strip the numbers from ``(number, result)`` pairs, noting them in *order*."""
+    if order is None:
+        for _, value in pairs:
+            yield value
+        return
+    note = order.append
+    for seq, value in pairs:
+        note(seq)
+        yield value

@@ -12,6 +12,7 @@ own upstream; subtracting the upstream's span leaves the stage's *own* time. The
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -73,6 +74,14 @@ class LoaderRecord:
         self.started = time.perf_counter_ns()
 
 
+#: The last lines of ``str(stats)``: what the columns mean, and where to read more.
+LEGEND = (
+    "own s: in the stage's own code; wait s: waiting for the stage above; busy: workers' time on"
+    " items;\nqueue: share of max_in_flight in use. More: the how-to "
+    '"Find the bottleneck with stats()"'
+)
+
+
 @dataclass(frozen=True)
 class StageStats:
     """One stage's numbers (source first).
@@ -121,7 +130,9 @@ class Stats:
         consumer_wait_p50: the median wait for one item, in seconds.
         consumer_wait_p99: the 99th percentile of the wait for one item, in seconds.
         bottleneck: the stage that limits the loader, or ``"consumer"`` when the loader keeps
-            up (the training step is the slow part).
+            up (the consumer waited less than 20 % of the time: the training step is the slow
+            part), or ``"none"`` before any item. The rule, with its thresholds, is
+            ``pipeflow.stats.diagnose``.
         advice: why, and what to try.
     """
 
@@ -149,8 +160,8 @@ class Stats:
             lines.append(
                 f"{s.name[:16]:<16} {s.items:>9,} {s.items_per_second:>10,.1f} "
                 f"{s.own_seconds:>8.3f} {s.wait_seconds:>8.3f} "
-                f"{_opt(s.workers, '{:d}'):>8} {_opt(s.worker_busy, '{:.0%}'):>6} "
-                f"{_opt(s.queue_occupancy, '{:.0%}'):>6} "
+                f"{_opt(s.workers, '{:d}'):>8} {_pct_opt(s.worker_busy):>6} "
+                f"{_pct_opt(s.queue_occupancy):>6} "
                 f"{_opt(s.item_seconds_p50, '{:.2f}', 1e3):>8} "
                 f"{_opt(s.item_seconds_p99, '{:.2f}', 1e3):>8}"
             )
@@ -158,9 +169,10 @@ class Stats:
         p99 = _opt(self.consumer_wait_p99, "{:.2f}", 1e3)
         lines.append(
             f"consumer waited {self.consumer_wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
-            f"({self.consumer_wait_fraction:.0%}); per item p50 {p50} ms, p99 {p99} ms"
+            f"({_pct(self.consumer_wait_fraction)}); per item p50 {p50} ms, p99 {p99} ms"
         )
         lines.append(f"bottleneck: {self.bottleneck}: {self.advice}")
+        lines.append(LEGEND)
         return "\n".join(lines)
 
     def plot(self, path: str) -> None:
@@ -215,6 +227,16 @@ def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:
     return fmt.format(value * scale if scale != 1.0 else value)
 
 
+def _pct(fraction: float) -> str:
+    """A whole percentage, rounded down: a value under a threshold never reads as reaching it
+    (0.7996 is "79%", not "80%", next to "busy only")."""
+    return f"{math.floor(fraction * 100 + 1e-9):d}%"
+
+
+def _pct_opt(fraction: float | None) -> str:
+    return "-" if fraction is None else _pct(fraction)
+
+
 def _percentile(values: list[int], q: float) -> float | None:
     if not values:
         return None
@@ -263,7 +285,7 @@ def summarize(record: LoaderRecord) -> Stats:
     # The consumer waits exactly while the last stage's iterator runs.
     wait_s = record.stages[-1].busy_ns / 1e9 if record.stages else 0.0
     fraction = wait_s / wall if wall else 0.0
-    bottleneck, advice = _diagnose(stages, fraction)
+    bottleneck, advice = diagnose(stages, fraction)
     return Stats(
         stages=stages,
         passes=record.passes,
@@ -277,33 +299,79 @@ def summarize(record: LoaderRecord) -> Stats:
     )
 
 
-def _diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
+# The bottleneck rule's thresholds (see :func:`diagnose`).
+CONSUMER_WAIT_LIMIT = 0.2
+BUSY_WORKERS = 0.8
+UPSTREAM_SHARE = 0.5
+_PARALLEL = ("parallel_map", "parallel_source")
+
+
+def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
+    """Name the bottleneck and say what to try: ``(bottleneck, advice)``.
+
+    A fixed rule on the summed numbers, the same answer for the same numbers (no state from
+    earlier calls), checked in this order:
+
+    1. No stage yielded an item: ``"none"``.
+    2. The consumer waited less than ``CONSUMER_WAIT_LIMIT`` (20 %) of the time the passes ran:
+       ``"consumer"``. The training step sets the pace; a loader that never kept it waiting
+       would save at most that fraction. (A few percent is normal: the first batch of a pass
+       waits for the workers to start.)
+    3. Otherwise the loader holds the consumer back, and the stage with the most *own* time
+       is looked at (the first of equals):
+
+       a. a single-threaded stage is the bottleneck: run it in ``pf.parallel_map`` (or, for
+          a parallel stage with ``workers=0``, give it workers);
+       b. a parallel stage whose workers are busy ``BUSY_WORKERS`` (80 %) of the time or more
+          is the bottleneck: more workers, or threads;
+       c. a parallel stage whose workers are idle more, while the stage before it has at least
+          ``UPSTREAM_SHARE`` (half) of its own time: that stage before it, which can't feed
+          the workers;
+       d. else the parallel stage: its workers wait for the main process (too little in
+          flight, or decoding results).
+
+    Each comparison is "at least the threshold": a value exactly at it takes the later branch
+    (20 % waiting is loader-bound, 80 % busy needs more workers).
+
+    Examples:
+        >>> idle = StageStats("batch", 10, 0.1, 0.1, 0.0, 100.0)
+        >>> diagnose([idle], 0.05)[0], diagnose([idle], 0.2)[0]
+        ('consumer', 'batch')
+    """
     if not stages or not any(s.items for s in stages):
         return "none", "nothing has run yet"
-    if wait_fraction < 0.1:
+    if wait_fraction < CONSUMER_WAIT_LIMIT:
         return "consumer", (
-            f"the training loop waited only {wait_fraction:.0%} of the time: the loader keeps "
-            "up, and the model's step is what sets the pace"
+            f"the training loop waited only {_pct(wait_fraction)} of the time (under "
+            f"{_pct(CONSUMER_WAIT_LIMIT)}): the loader keeps up, and the model's step sets the pace"
         )
+    waited = f"the training loop waited {_pct(wait_fraction)} of the time"
     slowest = max(stages, key=lambda s: s.own_seconds)
-    if slowest.workers is not None and slowest.worker_busy is not None:
-        if slowest.worker_busy >= 0.8:
-            return slowest.name, (
-                f"workers busy {slowest.worker_busy:.0%} of the time; try more workers, or the "
-                "thread backend if the work waits on I/O or releases the GIL"
-            )
-        upstream = stages[stages.index(slowest) - 1] if stages.index(slowest) else None
-        if upstream is not None and upstream.own_seconds > 0.5 * slowest.own_seconds:
-            return upstream.name, (
-                f"the workers of {slowest.name!r} are busy only {slowest.worker_busy:.0%} of "
-                f"the time: they wait for {upstream.name!r}, which runs in one thread"
-            )
-        return slowest.name, (
-            f"workers busy only {slowest.worker_busy:.0%} of the time: raise max_in_flight, "
-            "or look at the main process's share (decoding results, the consumer)"
+    if slowest.workers is None or slowest.worker_busy is None:
+        share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
+        fix = (
+            "give it workers"  # a parallel stage with workers=0 runs in the calling thread
+            if slowest.name in _PARALLEL
+            else "run it in pf.parallel_map"
         )
-    share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
+        return slowest.name, (
+            f"{waited}; {_pct(share)} of the loader's time is spent in {slowest.name!r}, in one "
+            f"thread; {fix} (threads for I/O, processes for Python-heavy work)"
+        )
+    if slowest.worker_busy >= BUSY_WORKERS:
+        return slowest.name, (
+            f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; try more workers, "
+            "or the thread backend if the work waits on I/O or releases the GIL"
+        )
+    at = stages.index(slowest)
+    upstream = stages[at - 1] if at else None
+    if upstream is not None and upstream.own_seconds >= UPSTREAM_SHARE * slowest.own_seconds:
+        return upstream.name, (
+            f"{waited}; the workers of {slowest.name!r} are busy only "
+            f"{_pct(slowest.worker_busy)} of the time: they wait for {upstream.name!r}, which "
+            "runs in one thread"
+        )
     return slowest.name, (
-        f"{share:.0%} of the loader's time is spent in {slowest.name!r}, in one thread; run it "
-        "in pf.parallel_map (threads for I/O, processes for Python-heavy work)"
+        f"{waited}; workers busy only {_pct(slowest.worker_busy)} of the time: raise "
+        "max_in_flight, or look at the main process's share (decoding results, the consumer)"
     )

@@ -35,6 +35,9 @@ def test_demo_trains_and_reports_stats(tmp_path) -> None:
     assert "160 training and 40 held-out images, 4 classes" in out
     assert re.search(r"epoch 0: train loss \d+\.\d+, held-out accuracy \d+\.\d%", out)
     assert "bottleneck:" in out and "parallel_map" in out
+    assert "\n  indices(160)\n  | shuffle(seed=0)\n  | batch(size=64" in out  # a stage a line
+    assert "own s: " in out  # the columns' legend
+    assert max(len(line) for line in out.splitlines() if line.startswith("  ")) <= 100
     assert len(list(tmp_path.rglob("*.jpg"))) == 200
 
 
@@ -83,3 +86,60 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert first_block is not None
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
     assert commands == ["make demo", "make check"]
+
+
+def test_bench_table_marks_every_goal_met_or_not() -> None:
+    from benchmarks._harness import Row, table
+
+    rows = [
+        Row("batched", "samples/s", 34.3, 10.0, ">= 10x"),  # 3.43x: must not read as a pass
+        Row("plain", "samples/s", 40.0, 10.0, ">= 3x"),
+        Row("startup", "seconds", 0.6, 1.0, "<= 0.5x", higher_is_better=False),
+        Row("resume", "fraction", 0.01, 0.4, "pipeflow < 0.05", higher_is_better=False),
+        Row("stats", "samples/s", 99.0, 90.0, "overhead < 5%", met=True),
+        Row("odd", "samples/s", 1.0, 1.0, "about the same"),
+    ]
+    lines = table(rows).splitlines()
+    marks = {
+        line.split()[0]: line for line in lines[2:] if line.split()[0] in {r.workload for r in rows}
+    }
+    assert "3.43x  NOT MET  >= 10x" in marks["batched"]
+    assert "4.00x  met      >= 3x" in marks["plain"]
+    assert "NOT MET  <= 0.5x" in marks["startup"]
+    assert "met      pipeflow < 0.05" in marks["resume"]
+    assert "met      overhead < 5%" in marks["stats"]
+    assert "?        about the same" in marks["odd"]
+    assert lines[-1] == "goals: 3 of 6 met, 2 NOT MET, 1 not checked (?)"
+
+
+def test_help_is_plain_text_with_defaults() -> None:
+    def help_of(*args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "pipeflow", *args, "--help"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+
+    top = help_of()
+    assert "``" not in top and "python -m pipeflow demo" in top
+    demo = help_of("demo")
+    options = re.findall(r"^  (--[\w-]+)", demo, flags=re.M)
+    assert options == [
+        "--data-dir",
+        "--images",
+        "--epochs",
+        "--workers",
+        "--backend",
+        "--batch-size",
+        "--image-size",
+        "--seed",
+        "--cache",
+        "--progress",
+    ]
+    # every option says its default (argparse wraps the help text: join the lines first)
+    text = " ".join(demo.split())
+    for option in options:
+        described = text.split(option, 2)[-1].split(" --", 1)[0]
+        assert "default" in described, option

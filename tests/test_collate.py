@@ -23,7 +23,7 @@ from hypothesis.extra import numpy as hnp
 
 from pipeflow.collate import default_collate, default_convert
 
-pf_collate = importlib.import_module("pipeflow.collate")  # the module (pf.collate is the stage)
+pf_collate = importlib.import_module("pipeflow._collate_torch")  # where default_collate lives
 
 torch_collate = torch.utils.data.default_collate
 torch_convert = torch.utils.data.default_convert

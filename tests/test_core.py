@@ -140,6 +140,23 @@ def test_batch_then_unbatch_is_identity(items: list[int], size: int) -> None:
     assert list(pf.from_iterable(items) | pf.batch(size) | pf.unbatch()) == items
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batch_reads_one_batch_per_next(drop_last: bool) -> None:
+    pulled = []
+
+    def source():
+        for i in range(10):
+            pulled.append(i)
+            yield i
+
+    it = iter(pf.from_iterable(source()) | pf.batch(3, drop_last=drop_last))
+    assert next(it) == [0, 1, 2]
+    assert pulled == [0, 1, 2]  # not a whole batch ahead
+    assert next(it) == [3, 4, 5]
+    assert pulled == [0, 1, 2, 3, 4, 5]
+    it.close()
+
+
 @given(items=st.lists(st.integers(), max_size=50), size=batch_sizes)
 def test_composition_is_associative(items: list[int], size: int) -> None:
     a, b, c = pf.map(lambda x: x * 3), pf.filter(lambda x: x % 2 == 0), pf.batch(size)

@@ -11,18 +11,19 @@ import pytest
 from hypothesis import assume, given, settings
 
 import pipeflow as pf
-from pipeflow.parallel import _shm
-from pipeflow.parallel._deferred import Pending, collate_pending
+from pipeflow._pending import Pending, collate_pending
+from pipeflow.parallel._reader import Reader
+from pipeflow.parallel._writer import Writer
 from tests.light import TorchFree
 from tests.test_collate import COLLATE_EXAMPLES, assert_same, batches, outcome
 
 
 def travel(result: Any) -> Any:
     """A result's trip from a worker to the main process (pipeflow's transport)."""
-    writer = _shm.Writer(f"pipeflow-test-{os.getpid()}-")
+    writer = Writer(f"pipeflow-test-{os.getpid()}-")
     try:
         data, segment, layout, _ = writer.encode(result)
-        return _shm.Reader().decode(0, data, segment, layout)
+        return Reader().decode(0, data, segment, layout)
     finally:
         writer.close()
 

@@ -146,6 +146,8 @@ def test_a_real_gloo_process_group_under_torchrun(world, tmp_path) -> None:
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={world}",
+            # torchrun's logs (else a /tmp/torchelastic_* folder per run, never removed)
+            f"--log-dir={tmp_path / 'torchrun'}",
             str(ROOT / "tests" / "_ddp.py"),
         ],
         env=env,

@@ -1,12 +1,22 @@
-"""Run every example in the documentation, page by page, and check the output it shows.
+"""Run every example in the documentation and check the output it shows.
 
 The conventions for ``docs/**/*.md``:
 
-* Every fenced block tagged ``python`` runs. The blocks of one page run in order in one
-  namespace (a fresh module per page), so a later block can use what an earlier one defined.
+* Every fenced block tagged ``python`` runs, twice:
+
+  1. **Alone**, in a fresh namespace, as a reader who copies just that block would run it. So
+     every block imports what it uses and defines the names it needs. A block that continues
+     the one before it on purpose says so where the reader sees it: its fence has a title
+     starting with "Continued" (```` ```python title="Continued from above" ````), and then it
+     is only run in page order. Keep those rare.
+  2. **In page order**, the blocks of one page in one namespace (a fresh module per page).
+
   A block that must not run takes another tag (``bash``, ``text``, ...). The tags ``py``,
   ``py3``, ``python3``, ``pycon`` and ``pytb`` are refused, so that no Python is skipped by a
   typo.
+* Blocks run as the main module (``__name__ == "__main__"``), as a script would, so code under
+  ``if __name__ == "__main__":`` runs too. Blocks with that guard that start worker processes
+  also run as a script under the ``spawn`` start method (macOS, Windows, Linux from 3.14).
 * Shown output is checked in one of two ways:
 
   1. A block with ``>>>`` prompts is a doctest: what is shown under each prompt must match what
@@ -16,17 +26,18 @@ The conventions for ``docs/**/*.md``:
      captured stdout of the plain block must equal that text exactly. A plain block without
      an output block must print nothing, so that no output goes unshown or unchecked.
 
-* After each page, the threads and child processes its examples started must be gone, and
-  freeing the page's objects must print nothing (an unclosed generator whose ``finally``
-  prints would otherwise print into another page's output).
+* After each run, the threads and child processes its examples started must be gone, and
+  freeing its objects must print nothing (an unclosed generator whose ``finally`` prints would
+  otherwise print into another page's output).
 
-* Blocks inside admonitions (indented) count too.
+* Blocks inside admonitions and content tabs (indented) count too.
 
-Each page is one test: ``pytest tests/test_docs.py -k tutorial/batch.md``. Tracebacks point at
-the line of the Markdown file. The pages are skipped on Python 3.10, which does not print the
-exception notes the pages show. Two more checks: every name in ``pipeflow.__all__`` has a
-``::: ...`` entry in ``docs/reference/``, and the harness itself fails pages that break the
-rules above.
+Each page is one test, ``pytest tests/test_docs.py -k "page and tutorial/batch.md"``, and each
+block another, ``-k "alone and tutorial/batch.md:40"``. Tracebacks point at the line of the
+Markdown file. The pages are skipped on Python 3.10, which does not print the exception notes
+the pages show. More checks: the README's tour runs under ``spawn``; every name in
+``pipeflow.__all__`` has a ``::: ...`` entry in ``docs/reference/``; and the harness itself
+fails pages that break the rules above.
 """
 
 from __future__ import annotations
@@ -36,8 +47,12 @@ import difflib
 import doctest
 import gc
 import io
+import json
 import multiprocessing
+import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -48,12 +63,15 @@ from pathlib import Path
 import pytest
 
 import pipeflow as pf
+from pipeflow import device as pf_device
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 OUTPUT_MARKER = "<!-- output -->"
 REFUSED_TAGS = {"py", "py3", "python3", "pycon", "pytb", "ipython", "Python"}
 CLEANUP_GRACE = 5.0  # seconds for the threads and processes of a page to finish
+CONTINUED = re.compile(r'title="Continued\b')  # a block that needs the one before it
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*)$")
 
 
@@ -63,6 +81,7 @@ class Block:
     text: str
     lineno: int  # line of the first line of code (1-based)
     is_output: bool  # a `text` block marked as the output of the python block before it
+    continued: bool = False  # titled "Continued ...": runs only after the blocks before it
 
 
 def parse_blocks(path: Path) -> list[Block]:
@@ -92,7 +111,8 @@ def parse_blocks(path: Path) -> list[Block]:
         body = [
             ln[len(indent) :] if ln.startswith(indent) else ln.lstrip() for ln in lines[start:j]
         ]
-        blocks.append(Block(lang, "\n".join(body) + "\n" if body else "", start + 1, marked))
+        text = "\n".join(body) + "\n" if body else ""
+        blocks.append(Block(lang, text, start + 1, marked, bool(CONTINUED.search(info))))
         i = j + 1
     return blocks
 
@@ -162,16 +182,23 @@ def test_there_are_pages() -> None:
     assert len(PAGES) > 10
 
 
-def run_page(path: Path, module_name: str) -> None:
-    """Run every python block of the page at *path*, checking what it prints."""
+def run_page(path: Path, module_name: str, only: int | None = None) -> None:
+    """Run the python blocks of the page at *path*, checking what they print: all of them in
+    order in one namespace, or with *only*, block number *only* alone in a fresh one."""
     blocks = parse_blocks(path)
-    # A module per page: functions and classes defined in examples get a real __module__, so
-    # pickle can find them by name (as it would in a user's script).
-    module = types.ModuleType(module_name)
+    # A module per run: functions and classes defined in examples get a real module, so that
+    # pickle finds them by name (as it would in a user's script). It runs as __main__, as a
+    # script does; forked workers inherit sys.modules, so they find it there too.
+    module = types.ModuleType("__main__")
     module.__file__ = str(path)
     namespace = module.__dict__
     sys.modules[module_name] = module
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = module
     threads_before = set(threading.enumerate())
+    # Each run stands for a fresh process: the warnings pipeflow gives once per process
+    # (pin_memory without an accelerator) are given again.
+    pf_device._WARNED.clear()
     try:
         for k, block in enumerate(blocks):
             if block.lang in REFUSED_TAGS:
@@ -183,7 +210,7 @@ def run_page(path: Path, module_name: str) -> None:
                         f"{path}:{block.lineno}: an output block must follow a plain python "
                         "block (doctest blocks show their output after the prompts)"
                     )
-            if block.lang != "python":
+            if block.lang != "python" or (only is not None and k != only):
                 continue
             nxt = blocks[k + 1] if k + 1 < len(blocks) else None
             shown = nxt if nxt is not None and nxt.is_output else None
@@ -192,6 +219,7 @@ def run_page(path: Path, module_name: str) -> None:
             else:
                 check_output(path, block, run_plain(block, path, namespace), shown)
     finally:
+        sys.modules["__main__"] = main
         del sys.modules[module_name]
         # Free what the page made (unfinished generators run their `finally` now), and make
         # sure that nothing prints late, into another page's output.
@@ -204,13 +232,124 @@ def run_page(path: Path, module_name: str) -> None:
     wait_for_cleanup(threads_before, path)
 
 
-@pytest.mark.skipif(
+def module_name_for(path: Path) -> str:
+    return "docs_" + re.sub(r"\W", "_", page_id(path).removesuffix(".md"))
+
+
+def alone_cases() -> list[pytest.ParameterSet]:
+    """One case per python block that a reader may copy and run on its own."""
+    cases = []
+    for path in PAGES:
+        for k, block in enumerate(parse_blocks(path)):
+            if block.lang == "python" and not block.continued:
+                cases.append(pytest.param(path, k, id=f"{page_id(path)}:{block.lineno}"))
+    return cases
+
+
+needs_311 = pytest.mark.skipif(
     sys.version_info < (3, 11),
     reason="the pages show exception notes (PEP 678), which Python 3.10 does not print",
 )
+
+
+@needs_311
 @pytest.mark.parametrize("path", PAGES, ids=page_id)
-def test_page_examples(path: Path) -> None:
-    run_page(path, "docs_" + re.sub(r"\W", "_", page_id(path).removesuffix(".md")))
+def test_page(path: Path) -> None:
+    run_page(path, module_name_for(path))
+
+
+@needs_311
+@pytest.mark.parametrize(("path", "k"), alone_cases())
+def test_alone(path: Path, k: int) -> None:
+    run_page(path, module_name_for(path), only=k)
+
+
+def test_most_blocks_run_alone() -> None:
+    blocks = [b for path in PAGES for b in parse_blocks(path) if b.lang == "python"]
+    continued = [b for b in blocks if b.continued]
+    assert len(continued) <= len(blocks) // 20, "keep blocks that need earlier ones rare"
+
+
+SPAWN_PRELUDE = "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n"
+
+
+def spawn_cases() -> list[pytest.ParameterSet]:
+    """The README's tour, and every docs block with an ``if __name__ == "__main__":`` guard
+    (they are there because the block starts worker processes)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    tour = readme.split("## A short tour", 1)[1]
+    first = re.search(r"```python\n(.*?)```", tour, flags=re.S)
+    assert first is not None
+    cases = [pytest.param(first[1], id="README.md:tour")]
+    for path in PAGES:
+        for block in parse_blocks(path):
+            if block.lang == "python" and not block.continued and "__main__" in block.text:
+                cases.append(pytest.param(block.text, id=f"{page_id(path)}:{block.lineno}"))
+    return cases
+
+
+@pytest.mark.parametrize("code", spawn_cases())
+def test_runs_under_spawn(code: str, tmp_path: Path) -> None:
+    """Workers started by spawn import the main script again: the example must guard the code
+    that starts them with ``if __name__ == "__main__":``, or it fails (or, with a bare
+    multiprocessing.Pool, hangs)."""
+    script = tmp_path / "example.py"
+    script.write_text(SPAWN_PRELUDE + code, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+COPY_JS = DOCS / "assets" / "copy-session.js"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's JS")
+def test_copy_button_copies_the_code_of_sessions() -> None:
+    """docs/assets/copy-session.js gives each >>> session's copy button only the code lines;
+    what it gives must be valid Python, with no prompt or output left in it."""
+    sessions = [
+        b.text for path in PAGES for b in parse_blocks(path) if b.lang == "python" and is_doctest(b)
+    ]
+    script = (
+        f"const {{sessionCode}} = require({json.dumps(str(COPY_JS))});"
+        "const input = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+        "process.stdout.write(JSON.stringify(input.map(sessionCode)));"
+    )
+    done = subprocess.run(
+        ["node", "-e", script],
+        input=json.dumps(sessions),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    copied = json.loads(done.stdout)
+    assert len(copied) == len(sessions) > 50
+    for session, code in zip(sessions, copied):
+        compile(code, "<copied>", "exec")  # pastes as Python
+        assert ">>>" not in code
+        assert "Traceback" not in code
+        want = [ln[4:] for ln in session.splitlines() if ln.startswith((">>> ", "... "))]
+        got = [ln for ln in code.splitlines() if ln]
+        assert [w.split("  # doctest:")[0] for w in want if w] == got
+    # A sample, in full: blank lines end indented blocks, doctest directives go.
+    sample = ">>> def f():\n...     return 1\n>>> f()  # doctest: +ELLIPSIS\n1\nTraceback\n"
+    done = subprocess.run(
+        ["node", "-e", script],
+        input=json.dumps([sample]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout) == ["def f():\n    return 1\n\nf()"]
 
 
 def test_reference_covers_every_public_name() -> None:
@@ -226,17 +365,28 @@ def test_the_harness_reads_fences_and_markers(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
         "Text\n\n```python\nprint(1)\n```\n\n<!-- output -->\n```text\n1\n```\n\n"
-        "!!! note\n\n    ```python\n    x = 2\n    ```\n\n```bash\nls\n```\n",
+        "!!! note\n\n    ```python\n    x = 2\n    ```\n\n```bash\nls\n```\n\n"
+        '```python title="Continued from above"\nprint(x)\n```\n',
         encoding="utf-8",
     )
     blocks = parse_blocks(page)
-    assert [(b.lang, b.text, b.is_output) for b in blocks] == [
-        ("python", "print(1)\n", False),
-        ("text", "1\n", True),
-        ("python", "x = 2\n", False),
-        ("bash", "ls\n", False),
+    assert [(b.lang, b.text, b.is_output, b.continued) for b in blocks] == [
+        ("python", "print(1)\n", False, False),
+        ("text", "1\n", True, False),
+        ("python", "x = 2\n", False, False),
+        ("bash", "ls\n", False, False),
+        ("python", "print(x)\n", False, True),
     ]
     assert blocks[0].lineno == 4
+
+
+def test_the_harness_runs_a_block_alone(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 2\n```\n\n```python\n>>> x\n2\n```\n", encoding="utf-8")
+    run_page(page, "docs_page")  # in page order, x is defined
+    run_page(page, "docs_page", only=0)
+    with pytest.raises(pytest.fail.Exception, match="NameError"):
+        run_page(page, "docs_page", only=1)
 
 
 BAD_PAGES = {

@@ -199,9 +199,42 @@ def test_state_at_epoch_boundaries_and_after_set_epoch() -> None:
     it = iter(loader)
     for _ in range(4):  # every batch of epoch 1, but not yet the end of the iterator
         next(it)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (1, 4)
+    with pytest.raises(StopIteration):
+        next(it)
     assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (2, 0)
     loader.set_epoch(7)
     assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (7, 0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_on_the_last_step_resumes_to_the_next_epoch_not_a_repeat(workers) -> None:
+    """A loop that checkpoints every N steps, N dividing the epoch, saves on the last step of
+    the epoch before the pass ends: resumed, the rest of that epoch is empty, and the next
+    pass is the next epoch (it used to replay the whole next epoch as "the rest")."""
+
+    def make() -> pf.Loader:
+        work = pf.parallel_map(sorted, workers=workers) if workers else pf.map(sorted)
+        return pf.indices(12) | pf.shuffle(seed=3) | pf.batch(4) | work
+
+    loader = make()
+    saved = None
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        got = []
+        for step, batch in enumerate(loader, 1):
+            got.append(batch)
+            if epoch == 0 and step == 3:  # the last step of epoch 0: checkpoint
+                saved = loader.state_dict()
+        epochs.append(got)
+    assert saved is not None and (saved["epoch"], saved["position"]) == (0, 3)
+    resumed = make()
+    resumed.load_state_dict(saved)
+    assert list(resumed) == []  # the rest of epoch 0
+    assert resumed.epoch == 0
+    assert list(resumed) == epochs[1]  # then epoch 1, once
+    assert resumed.epoch == 1
 
 
 def test_state_dict_starts_no_worker() -> None:

@@ -18,14 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow.parallel import _shm
+from pipeflow import _alloc
+from pipeflow.parallel import _segments
+from pipeflow.parallel._reader import Reader
+from pipeflow.parallel._writer import Writer
 
-BIG = _shm.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
+BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
 
 
 def shm_used() -> int:
     """Bytes of /dev/shm in use (unlinked files count until their last mapping goes)."""
-    st_ = os.statvfs(_shm.SHM_DIR)
+    st_ = os.statvfs(_segments.SHM_DIR)
     return (st_.f_blocks - st_.f_bfree) * st_.f_frsize
 
 
@@ -33,8 +36,8 @@ class Link:
     """A worker's writer and the main process's reader, in one process."""
 
     def __init__(self, keep: int = 16) -> None:
-        self.writer = _shm.Writer(f"pipeflow-test-{os.getpid()}-{id(self)}-", keep=keep)
-        self.reader = _shm.Reader()
+        self.writer = Writer(f"pipeflow-test-{os.getpid()}-{id(self)}-", keep=keep)
+        self.reader = Reader()
 
     def send(self, obj: Any) -> tuple[Any, Any]:
         """One trip; return what arrived and the segment description it came in."""
@@ -72,7 +75,7 @@ def test_a_dropped_result_gives_its_segment_back_for_the_next_one() -> None:
         st.tuples(
             st.integers(1, 6),  # size, in units of BIG elements
             st.booleans(),  # keep the result
-            st.booleans(),  # build it with _shm.empty, as a collate in a worker does
+            st.booleans(),  # build it with _alloc.empty, as a collate in a worker does
         ),
         min_size=1,
         max_size=40,
@@ -87,7 +90,7 @@ def test_a_result_still_in_use_is_never_overwritten(steps, keep) -> None:
     try:
         for k, (units, keep_it, in_place) in enumerate(steps):
             if in_place:
-                obj: Any = {"x": _shm.empty((units * BIG,), np.float32), "label": k}
+                obj: Any = {"x": _alloc.empty((units * BIG,), np.float32), "label": k}
                 obj["x"][:] = k
             else:
                 obj = {"x": np.full(units * BIG, k, dtype=np.float32), "label": k}
@@ -113,11 +116,11 @@ def test_empty_hands_out_shared_memory_only_in_the_task_thread() -> None:
         gc.collect()
         link.writer.release(link.reader.take_freed(0) or [])
         other: list[Any] = []
-        t = threading.Thread(target=lambda: other.append(_shm.empty((BIG,), np.float32)))
+        t = threading.Thread(target=lambda: other.append(_alloc.empty((BIG,), np.float32)))
         t.start()
         t.join()
         assert link.writer.reserved is None  # another thread got plain memory
-        mine = _shm.empty((BIG,), np.float32)
+        mine = _alloc.empty((BIG,), np.float32)
         assert link.writer.reserved is not None
         mine[:] = 7
         got, segment = link.send(mine)
@@ -186,7 +189,7 @@ def tiny_shm(tmp_path, monkeypatch):
         pytest.skip("can't mount a small tmpfs here")
     if mounted.returncode != 0:
         pytest.skip("can't mount a small tmpfs here")
-    monkeypatch.setattr(_shm, "SHM_DIR", str(where))
+    monkeypatch.setattr(_segments, "SHM_DIR", str(where))
     yield where
     subprocess.run(["umount", str(where)], check=True)
 
@@ -219,9 +222,12 @@ def big_array(i: int) -> np.ndarray:
 FILL_THEN_REUSE = """
 import sys, os, gc
 import numpy as np
-from pipeflow.parallel import _shm
+from pipeflow import _alloc
+from pipeflow.parallel import _segments
+from pipeflow.parallel._reader import Reader
+from pipeflow.parallel._writer import Writer
 from tests.test_shm import Link
-_shm.SHM_DIR = sys.argv[1]
+_segments.SHM_DIR = sys.argv[1]
 link = Link()
 link.writer.activate()
 n = 300 * 1024 // 4  # its segment is rounded up: the tail is never written by the first result
@@ -237,7 +243,7 @@ with open(os.path.join(sys.argv[1], "filler"), "wb") as f:  # fill the rest of t
         pass
 link.writer.release(link.reader.take_freed(0) or [])
 whole = segment[2] // 4
-again = _shm.empty((whole,), np.float32)  # the whole kept segment, tail included
+again = _alloc.empty((whole,), np.float32)  # the whole kept segment, tail included
 again[:] = 2  # writes every page: must not SIGBUS on a full tmpfs
 got, _ = link.send(again)
 assert (got == 2).all()

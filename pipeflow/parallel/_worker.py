@@ -14,134 +14,21 @@ import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeflow._random import seed_sequence_state
-from pipeflow._stage import Stage
 from pipeflow.errors import annotate
-from pipeflow.loader import Context, Loader
-from pipeflow.parallel import _shm
+from pipeflow.parallel import _segments
+from pipeflow.parallel._jobs import Exhausted, describe_item
+from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
+from pipeflow.parallel._writer import Writer
 from pipeflow.worker_info import (
     WorkerInfo,
-    get_worker_info,
     set_process_worker_info,
-    set_replica,
     set_thread_worker_info,
 )
 
-__all__ = ["MapJob", "SourceJob", "process_main", "thread_main"]
-
-
-class Exhausted(Exception):
-    """A source job has no more items this epoch."""
-
-
-def describe_item(item: Any, seq: int) -> dict[str, Any]:
-    """How an error note names an item: a sample index, a batch of them, or its position."""
-    if type(item) is int:
-        return {"index": item}
-    if type(item) is list and all(type(i) is int for i in item[:64]):
-        return {"batch": item}
-    return {"item": seq}
-
-
-class MapJob:
-    """Apply a function, or a one-to-one stage, to one item at a time."""
-
-    def __init__(self, fn: Callable[[Any], Any] | Stage[Any, Any], name: str) -> None:
-        self.fn = fn
-        self.name = name
-        self.stages = fn.stages if isinstance(fn, Stage) else None
-
-    def without_torch(self) -> None:
-        """In a worker that has not imported torch: collate to numpy, tensors on arrival."""
-        from pipeflow.parallel._deferred import defer_tensors
-
-        if self.stages is not None:
-            self.stages = defer_tensors(self.stages)
-
-    @property
-    def dataset(self) -> Any:
-        """The dataset of the first ``fetch`` inside, for ``WorkerInfo.dataset``."""
-        for s in self.stages or ():
-            if s.name == "fetch":
-                return s.config.get("dataset")
-        return None
-
-    def run(self, item: Any, epoch: int, seq: int) -> Any:
-        if self.stages is None:
-            try:
-                return self.fn(item)  # type: ignore[operator]
-            except Exception as e:
-                annotate(e, self.name, epoch, **describe_item(item, seq))
-                raise
-        failed: list[str] = []
-        context = Context(epoch=epoch, offset=seq)  # the item's position in the pass
-        it: Iterator[Any] = iter((item,))
-        for s in self.stages:
-            it = _track(s.apply(it, context), s.name, failed)
-        try:
-            return next(it)
-        except StopIteration:
-            msg = (
-                f"stage {(failed or [self.name])[0]!r} yielded nothing for one item; "
-                "parallel_map runs one-to-one stages only"
-            )
-            raise ValueError(msg) from None
-        except Exception as e:
-            annotate(e, failed[0] if failed else self.name, epoch, **describe_item(item, seq))
-            raise
-
-
-def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
-    try:
-        yield from it
-    except Exception:
-        if not failed:
-            failed.append(name)
-        raise
-
-
-class SourceJob:
-    """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica)."""
-
-    def __init__(self, loader: Loader[Any], name: str) -> None:
-        self.loader = loader
-        self.name = name
-        self._epoch: int | None = None
-        self._it: Iterator[Any] | None = None
-
-    @property
-    def dataset(self) -> Any:
-        return getattr(self.loader.source, "iterable", None)
-
-    def without_torch(self) -> None:
-        """In a worker that has not imported torch: collate to numpy, tensors on arrival."""
-        from pipeflow.parallel._deferred import defer_tensors
-
-        self.loader = Loader(self.loader.source, defer_tensors(self.loader.stages))
-
-    def clone(self) -> SourceJob:
-        """A replica with its own iterator (one per thread worker)."""
-        return SourceJob(Loader(self.loader.source, self.loader.stages), self.name)
-
-    def run(self, item: Any, epoch: int, seq: int) -> Any:
-        info = get_worker_info()
-        if info is not None:  # shard() inside reads this worker's share
-            set_replica(True, thread=info.backend == "thread")
-        if self._epoch != epoch:
-            if self._it is not None:
-                self._it.close()  # type: ignore[attr-defined]
-            self.loader.set_epoch(epoch)
-            self._it = iter(self.loader)
-            self._epoch = epoch
-        assert self._it is not None
-        try:
-            return next(self._it)
-        except StopIteration:
-            raise Exhausted from None
+__all__ = ["process_main", "seed_worker", "thread_main"]
 
 
 # -- seeding and identity ----------------------------------------------------------------------
@@ -181,7 +68,7 @@ def _watch_parent(main_pid: int, prefix: str) -> None:
     while True:
         time.sleep(0.2)
         if os.getppid() != parent or not _pid_alive(main_pid):
-            _shm.sweep(prefix)
+            _segments.sweep(prefix)
             os._exit(0)
 
 
@@ -193,17 +80,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _error_message(seq: int, e: BaseException) -> tuple[Any, ...]:
-    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    payload: bytes | None
-    try:
-        payload = pickle.dumps(e)
-        pickle.loads(payload)
-    except Exception:
-        payload = None
-    return ("err", seq, payload, f"{type(e).__module__}.{type(e).__qualname__}", str(e), text)
 
 
 def process_main(
@@ -233,49 +109,60 @@ def process_main(
         if worker_init is not None:
             worker_init(worker_id)
     except BaseException as e:
-        conn.send_bytes(pickle.dumps((None, *_error_message(-1, e))))
+        conn.send_bytes(pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e))))
+        _wait_for_stop(conn)  # exiting now would read as a death, before the error is read
         return
     send, recv = conn.send_bytes, conn.recv
-    writer = _shm.Writer(prefix)
+    writer = Writer(prefix)
     writer.activate()
     while True:
         try:
-            msg = recv()
+            task: Task | None = recv()
         except (EOFError, OSError):
             break
-        if msg is None:
+        if task is None:
             break
-        pass_id, seq, epoch, item, freed = msg
-        if freed:
-            writer.release(freed)
+        if task.freed:
+            writer.release(task.freed)
         if not told_torch:
             told_torch = _tell_torch(info)
-        started = time.perf_counter_ns()
-        try:
-            out = job.run(item, epoch, seq)
-        except Exhausted:
-            reply: tuple[Any, ...] = ("end", seq)
-        except Exception as e:
-            reply = _error_message(seq, e)
-        else:
-            try:
-                took = time.perf_counter_ns() - started  # the item's time, for stats
-                data, segment, layout, retired = writer.encode(out)
-                reply = ("ok", seq, data, segment, layout, took, retired)
-            except Exception as e:
-                where = describe_item(item, seq)
-                annotate(e, job.name, epoch, extra="the result could not be sent back", **where)
-                reply = _error_message(seq, e)
-            del out
+        reply = _process_task(job, task, worker_id, writer)
         writer.unreserve()
         try:
-            send(pickle.dumps((pass_id, *reply), protocol=5))
+            send(pickle.dumps(reply, protocol=5))
         except (BrokenPipeError, OSError):
-            if reply[0] == "ok" and reply[3] is not None:
-                _shm.discard(reply[3][0])
+            if reply.kind == "ok" and reply.payload.segment is not None:
+                _segments.discard(reply.payload.segment[0])
             break
     writer.close()
     conn.close()
+
+
+def _wait_for_stop(conn: Any) -> None:
+    try:
+        while conn.recv() is not None:
+            pass
+    except (EOFError, OSError):
+        pass
+
+
+def _process_task(job: Any, task: Task, worker_id: int, writer: Writer) -> Reply:
+    """Run one task in a process worker; the reply carries the result encoded for the pipe."""
+    started = time.perf_counter_ns()
+    try:
+        out = job.run(task.item, task.epoch, task.seq)
+    except Exhausted:
+        return Reply(task.pass_id, "end", task.seq, worker_id)
+    except Exception as e:
+        return Reply(task.pass_id, "err", task.seq, worker_id, 0, remote_error(e))
+    took = time.perf_counter_ns() - started  # the item's time, for stats
+    try:
+        encoded = Encoded(*writer.encode(out))
+    except Exception as e:
+        where = describe_item(task.item, task.seq)
+        annotate(e, job.name, task.epoch, extra="the result could not be sent back", **where)
+        return Reply(task.pass_id, "err", task.seq, worker_id, 0, remote_error(e))
+    return Reply(task.pass_id, "ok", task.seq, worker_id, took, encoded)
 
 
 # -- thread workers -------------------------------------------------------------------------
@@ -297,22 +184,22 @@ def thread_main(
         if worker_init is not None:
             worker_init(worker_id)
     except BaseException as e:
-        results.put((None, "err", -1, e, worker_id, 0))
+        results.put(Reply(None, "init", -1, worker_id, 0, e))
         return
     while True:
-        msg = tasks.get()
-        if msg is None:
+        task: Task | None = tasks.get()
+        if task is None:
             break
-        pass_id, seq, epoch, item = msg
-        if pass_id != current[0]:
+        if task.pass_id != current[0]:
             continue  # a task of an abandoned pass
         started = time.perf_counter_ns()
         try:
-            out = job.run(item, epoch, seq)
+            out = job.run(task.item, task.epoch, task.seq)
         except Exhausted:
-            results.put((pass_id, "end", seq, None, worker_id, 0))
+            results.put(Reply(task.pass_id, "end", task.seq, worker_id))
         except BaseException as e:
-            results.put((pass_id, "err", seq, e, worker_id, 0))
+            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, e))
         else:
-            results.put((pass_id, "ok", seq, out, worker_id, time.perf_counter_ns() - started))
+            took = time.perf_counter_ns() - started
+            results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out))
     set_thread_worker_info(None)

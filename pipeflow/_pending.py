@@ -11,20 +11,18 @@ starts without paying for ``import torch``. Anything this module does not handle
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from pipeflow._stage import Stage
-from pipeflow.collate import _NP_SCALARS_FAST, _collate_default, default_collate
-from pipeflow.parallel import _shm
+from pipeflow import _alloc
+from pipeflow._collate_torch import NP_SCALARS_FAST, default_collate
 
-__all__ = ["Pending", "defer_tensors"]
+__all__ = ["Pending", "collate_pending"]
 
 # numpy dtypes that torch.from_numpy takes on every supported torch (>= 2.1): the dtypes of
 # the scalar types default_collate's fast path takes.
-_DTYPES = frozenset(np.dtype(t) for t in _NP_SCALARS_FAST)
+_DTYPES = frozenset(np.dtype(t) for t in NP_SCALARS_FAST)
 _INTS = frozenset({int, bool})
 _INT_RESULTS = frozenset({np.dtype(np.int64), np.dtype(np.bool_)})
 
@@ -59,7 +57,7 @@ def _leaf_arrays(batch: tuple[Any, ...] | list[Any]) -> Pending:
     for a in batch:
         if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
             raise _NeedTorch
-    out = _shm.empty((len(batch), *shape), dtype)  # C-contiguous, as torch.stack makes
+    out = _alloc.empty((len(batch), *shape), dtype)  # C-contiguous, as torch.stack makes
     np.stack(batch, out=out)
     return Pending(out)
 
@@ -83,7 +81,7 @@ def _collate(batch: tuple[Any, ...] | list[Any]) -> Any:
         if set(map(type, batch)) != {float}:
             raise _NeedTorch
         return Pending(np.array(batch, dtype=np.float64))
-    if kind in _NP_SCALARS_FAST:
+    if kind in NP_SCALARS_FAST:
         if set(map(type, batch)) != {kind}:
             raise _NeedTorch
         return Pending(np.array(batch))
@@ -110,15 +108,3 @@ def collate_pending(batch: list[Any]) -> Any:
         return _collate(batch)
     except _NeedTorch:
         return default_collate(batch)
-
-
-def _collate_pending(batches: Iterable[Any]) -> Iterator[Any]:
-    return map(collate_pending, batches)
-
-
-def defer_tensors(stages: tuple[Stage[Any, Any], ...]) -> tuple[Stage[Any, Any], ...]:
-    """*stages* with a final default ``collate()`` swapped for the numpy-only one."""
-    if stages and stages[-1]._fn is _collate_default:
-        last: Stage[Any, Any] = Stage(_collate_pending, "collate", length="same", skip="same")
-        return (*stages[:-1], last)
-    return stages

@@ -1,0 +1,215 @@
+"""One pass of a loader: chain the stages' generators, wrapped for statistics and error notes.
+
+The runner is a loop over the stages (``it = stage.apply(it, context)``). Around each stage's
+iterator sits one small generator, :func:`_watch`, that counts its items, times a sample of
+them and names the stage in any exception that passes through it; :func:`_deliver` counts
+what the consumer takes, for ``state_dict()``. Where a resumed pass skips what was consumed
+comes from :func:`pipeflow.state.plan`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from pipeflow._context import Context, Hooks
+from pipeflow.errors import annotate
+from pipeflow.state import Delivery, Progress, plan
+
+__all__ = ["run"]
+
+#: A fast stream has one item in about 64 timed, at irregular gaps so that a periodic cost
+#: (a file read every 64 items, say) is not always hit or always missed.
+_GAPS = (53, 67, 59, 71, 61, 73, 47, 79)
+#: Items are timed in windows of this many timed items; the first window times every item.
+_WINDOW = 256
+#: A window whose items took less than this on average is followed by a sampled one (two
+#: clock reads per item would then be a cost worth saving); otherwise every item is timed.
+_TIME_ALL_NS = 20_000
+#: The watchers write what they counted into the shared record this often.
+_FLUSH_NS = 50_000_000
+
+
+def run(
+    source: Any,
+    stages: tuple[Any, ...],
+    *,
+    epoch: int,
+    base_seed: int | Callable[[], int] | None,
+    resume: dict[str, Any],
+    progress: Progress,
+    record: Any,
+    resources: dict[int, dict[Any, Any]],
+) -> Iterator[Any]:
+    """Build the chain of iterators now (as torch does at ``iter()``); drive it later."""
+    contexts = _contexts(source, stages, epoch, base_seed)
+    skip = plan(stages, contexts, resume) if resume else None
+    recs = record.stages if record is not None else [None] * (len(stages) + 1)
+    waits = record.waits if record is not None else None
+    chain: list[Iterator[Any]] = []
+    name = source.name
+    try:
+        seekable = source.positions() is not None
+        skipped = skip.source_skip if skip is not None else 0
+        first = Context(epoch, start=skipped if seekable else 0, base_seed=base_seed)
+        if getattr(source, "uses_hooks", False):  # a parallel source: its pool is kept here
+            hooks = Hooks(recs[0], None, None, resources.setdefault(-1, {}))
+            it: Iterator[Any] = source.iterate(first, hooks)
+        else:
+            it = source.iterate(first)
+        if skipped and not seekable:
+            it = itertools.islice(it, skipped, None)
+        chain.append(_watch(it, name, epoch, None, recs[0], waits if not stages else None))
+        keys: list[Any] | None = None  # what the last dataset-reading stage was given
+        cut = dict(skip.cut) if skip else {}
+        starts = dict(skip.start) if skip else {}
+        extras = dict(skip.extras) if skip else {}
+        for i, s in enumerate(stages):
+            name = s.name
+            context = contexts[i]
+            if skip is not None:
+                positions = context.positions if i or not skip.source_skip else None
+                context = replace(
+                    context, offset=skip.offsets[i], start=starts.get(i, 0), positions=positions
+                )
+            upstream = chain[-1]
+            if s.dataset is not None:  # the next stages' errors name the keys it read
+                keys = [None]
+                upstream = _remember(upstream, keys)
+            hooks = Hooks(recs[i + 1], extras.get(i), None, resources.setdefault(i, {}))
+            if s.resumption(0, context).kind == "recorded":
+                delivery = Delivery(context.offset, extras.get(i, frozenset()))
+                progress.deliveries[i] = delivery
+                hooks.delivered = delivery.order
+            it = s.apply(upstream, context, hooks)
+            if i in cut:
+                it = itertools.islice(it, cut[i], None)
+            last = i == len(stages) - 1
+            chain.append(_watch(it, name, epoch, keys, recs[i + 1], waits if last else None))
+    except Exception as e:
+        annotate(e, name, epoch)
+        _close_all(chain)
+        raise
+    return _deliver(chain, progress, record)
+
+
+def _contexts(source: Any, stages: tuple[Any, ...], epoch: int, base_seed: Any) -> list[Context]:
+    """Each stage's context in a pass from the start of the epoch."""
+    n = source.length()
+    context = Context(epoch, positions=source.positions(), base_seed=base_seed)
+    out = []
+    for s in stages:
+        n = None if n is None else s.length(n)
+        context = replace(context, total=n)
+        out.append(context)
+        context = replace(s.context_after(context), positions=None, total=None)
+    return out
+
+
+def _deliver(chain: list[Iterator[Any]], progress: Progress, record: Any) -> Iterator[Any]:
+    """Yield the last stage's items, counting them for ``state_dict()``."""
+    clock = time.perf_counter_ns
+    start = clock()
+    if record is not None:
+        record.passes += 1
+    try:
+        for item in chain[-1]:
+            progress.delivered += 1
+            yield item
+        progress.done = True
+    finally:
+        if record is not None:
+            record.wall_ns += clock() - start
+        _close_all(chain)
+
+
+def _close_all(chain: list[Iterator[Any]]) -> None:
+    for link in reversed(chain):
+        close = getattr(link, "close", None)
+        if close is not None:
+            close()
+
+
+def _watch(
+    it: Iterator[Any],
+    name: str,
+    epoch: int,
+    keys: list[Any] | None,
+    rec: Any,
+    waits: Any,
+) -> Iterator[Any]:
+    """Pass items through: count them, time a sample, name the stage in any exception.
+
+    An item's time runs from the moment the stage below asks for it until it is handed over.
+    Items are timed in windows of ``_WINDOW`` timed items: the first window times every item;
+    after a window whose items took less than ``_TIME_ALL_NS`` on average, about one item in
+    64 is timed, standing for the items since the last one timed. So slow items (batches) are
+    all timed, and fast ones (indices) cost a count and a test each. After a dataset-reading
+    stage, *keys* holds the key it read last: the note then names those sample indices.
+    """
+    n = 0
+    try:
+        if rec is None:
+            for item in it:
+                n += 1
+                yield item
+            return
+        clock = time.perf_counter_ns
+        busy = 0  # estimated ns, not yet written to the record
+        flushed = 0
+        gap = 1  # the items the next timed one stands for: 1 while every item is timed
+        sampling = False
+        countdown = 1
+        window = window_ns = 0  # timed items (and their time) in the current window
+        timing = True
+        t = clock()
+        next_flush = t + _FLUSH_NS
+        try:
+            for item in it:
+                if timing:
+                    now = clock()
+                    span = now - t
+                    busy += span * gap
+                    if waits is not None:
+                        waits.append(span)
+                    window += 1
+                    window_ns += span
+                    if window == _WINDOW:  # sample the next window if these were fast
+                        sampling = window_ns < _TIME_ALL_NS * _WINDOW
+                        window = window_ns = 0
+                    if now >= next_flush:
+                        rec.busy_ns += busy
+                        rec.items += n + 1 - flushed
+                        busy, flushed, next_flush = 0, n + 1, now + _FLUSH_NS
+                        rec.sample(now)
+                    gap = countdown = _GAPS[window & 7] if sampling else 1
+                n += 1
+                yield item
+                countdown -= 1
+                timing = not countdown
+                if timing:
+                    t = clock()
+            if timing:
+                busy += clock() - t
+        finally:
+            rec.busy_ns += busy
+            rec.items += n - flushed
+            rec.sample(clock())
+    except Exception as e:
+        key = keys[0] if keys is not None else None
+        if type(key) is list:
+            annotate(e, name, epoch, batch=key)
+        elif key is not None:
+            annotate(e, name, epoch, index=key)
+        else:
+            annotate(e, name, epoch, item=n)
+        raise
+
+
+def _remember(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:
+    for key in keys:
+        cell[0] = key
+        yield key

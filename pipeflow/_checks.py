@@ -1,0 +1,88 @@
+"""Argument checks, in one place: every factory validates its configuration with these.
+
+Each raises ``TypeError`` for a value of the wrong kind and ``ValueError`` for one out of
+range, with a message of the form ``"<stage>: <parameter> must be <rule> (got <value>)"``.
+Integers are anything with ``__index__`` (a numpy integer too) except ``bool``, and come back
+as plain ``int``.
+
+Examples:
+    >>> integer("batch", "size", 0, low=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch: size must be at least 1 (got 0)
+    >>> boolean("batch", "drop_last", "yes")
+    Traceback (most recent call last):
+    ...
+    TypeError: batch: drop_last must be a bool (got 'yes')
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["boolean", "function", "integer", "one_of", "optional_integer", "seconds"]
+
+
+def integer(stage: str, name: str, value: Any, *, low: int | None = None) -> int:
+    """*value* as an ``int``, at least *low*."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        msg = f"{stage}: {name} must be an integer (got {value!r})"
+        raise TypeError(msg)
+    number = int(value.__index__())
+    if low is not None and number < low:
+        msg = f"{stage}: {name} must be at least {low} (got {number})"
+        raise ValueError(msg)
+    return number
+
+
+def optional_integer(stage: str, name: str, value: Any, *, low: int | None = None) -> int | None:
+    """``None``, or *value* as an ``int`` of at least *low*."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        msg = f"{stage}: {name} must be an integer or None (got {value!r})"
+        raise TypeError(msg)
+    return integer(stage, name, value, low=low)
+
+
+def boolean(stage: str, name: str, value: Any) -> bool:
+    """*value*, which must be a ``bool``."""
+    if not isinstance(value, bool):
+        msg = f"{stage}: {name} must be a bool (got {value!r})"
+        raise TypeError(msg)
+    return value
+
+
+def seconds(stage: str, name: str, value: Any) -> float | None:
+    """``None``, or a number of seconds above 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        msg = f"{stage}: {name} must be a number of seconds or None (got {value!r})"
+        raise TypeError(msg)
+    if not float(value) > 0:
+        msg = f"{stage}: {name} must be more than 0 seconds (got {value!r})"
+        raise ValueError(msg)
+    return float(value)
+
+
+def function(stage: str, name: str, value: Any, *, optional: bool = False) -> Any:
+    """*value*, which must be callable (or ``None`` when *optional*)."""
+    if value is None and optional:
+        return None
+    if not callable(value):
+        what = "callable or None" if optional else "callable"
+        msg = f"{stage}: {name} must be {what} (got {type(value).__name__})"
+        raise TypeError(msg)
+    return value
+
+
+def one_of(stage: str, name: str, value: Any, options: Sequence[Any]) -> Any:
+    """*value*, which must be one of *options*."""
+    if value not in options:
+        listed = " or ".join(repr(o) for o in options)
+        msg = f"{stage}: {name} must be {listed} (got {value!r})"
+        raise ValueError(msg)
+    return value

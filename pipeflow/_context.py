@@ -1,0 +1,79 @@
+"""What a pass tells each stage: the public :class:`Context`, and the loader's private hooks.
+
+This module is the ground floor of the package: it imports nothing from pipeflow, so every
+other module (stages, the loader, resumption, the parallel engine) can depend on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["Context", "Hooks"]
+
+_NO_FACTS: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one pass of a loader tells one stage.
+
+    A stage function gets it by declaring a keyword-only ``context`` parameter (``epoch``
+    alone is enough for most stages).
+
+    Attributes:
+        epoch: the epoch of this pass.
+        offset: how many of this stage's inputs the pass skipped before the first one it
+            sees (a resumed pass starts mid-epoch): a stage that numbers its items counts
+            from here, so the numbers do not depend on where the pass started.
+        start: for a stage that skips its own outputs when a pass resumes (see
+            :meth:`pipeflow.Stage.resumption`), how many it must skip; 0 otherwise.
+        positions: ``n`` when this stage's input is exactly ``0, 1, ..., n - 1`` (the
+            positions of ``indices(n)``, nothing skipped or reordered above): the stage may
+            then compute what it needs from positions without reading its upstream.
+        total: how many items this stage yields per epoch, when that is known.
+        base_seed: the workers' base seed for this pass when the caller chose one (the
+            DataLoader facade draws it from its ``generator``, as torch does), or a function
+            that returns it; ``None`` lets parallel stages derive one from their own seed.
+        facts: read-only facts that stages above this one published for those below
+            (:meth:`pipeflow.Stage.context_after`), such as how a shard numbers its items.
+    """
+
+    epoch: int
+    offset: int = 0
+    start: int = 0
+    positions: int | None = None
+    total: int | None = None
+    base_seed: int | Callable[[], int] | None = None
+    facts: Mapping[str, Any] = field(default_factory=lambda: _NO_FACTS)
+
+
+class Hooks:
+    """The loader's private handles for one stage in one pass (never shown to user stages).
+
+    Attributes:
+        stats: where the stage's statistics go (a :class:`pipeflow.stats.StageRecord`), or
+            ``None`` when recording is off.
+        resume: what a resumed pass tells a stage that delivers out of order (the numbers of
+            the items it delivered past the resume point), or ``None``.
+        delivered: where such a stage records the numbers of the items it delivers, in
+            delivery order, for ``state_dict()``; ``None`` when nobody asks.
+        resources: things the stage keeps across the loader's passes (a persistent worker
+            pool), by key; the loader closes them in ``close()``.
+    """
+
+    __slots__ = ("delivered", "resources", "resume", "stats")
+
+    def __init__(
+        self,
+        stats: Any = None,
+        resume: frozenset[int] | None = None,
+        delivered: list[int] | None = None,
+        resources: dict[Any, Any] | None = None,
+    ) -> None:
+        self.stats = stats
+        self.resume = resume
+        self.delivered = delivered
+        self.resources = {} if resources is None else resources

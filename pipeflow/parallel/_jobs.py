@@ -1,0 +1,120 @@
+"""What a worker does with one task: apply a function or a one-to-one stage (``MapJob``), or
+take the next item of its own replica of a loader (``SourceJob``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeflow._context import Context
+from pipeflow._stage import Stage
+from pipeflow.errors import annotate
+from pipeflow.loader import Loader
+from pipeflow.worker_info import get_worker_info, set_replica
+
+__all__ = ["Exhausted", "MapJob", "SourceJob", "describe_item"]
+
+
+class Exhausted(Exception):
+    """A source job has no more items this epoch."""
+
+
+def describe_item(item: Any, seq: int) -> dict[str, Any]:
+    """How an error note names an item: a sample index, a batch of them, or its position."""
+    if type(item) is int:
+        return {"index": item}
+    if type(item) is list and all(type(i) is int for i in item[:64]):
+        return {"batch": item}
+    return {"item": seq}
+
+
+class MapJob:
+    """Apply a function, or a one-to-one stage, to one item at a time."""
+
+    def __init__(self, fn: Callable[[Any], Any] | Stage[Any, Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.stages = fn.stages if isinstance(fn, Stage) else None
+
+    def without_torch(self) -> None:
+        """In a worker that has not imported torch: the stages' numpy-only forms."""
+        if self.stages is not None:
+            self.stages = tuple(s.without_torch() for s in self.stages)
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset the stages read by key, for ``WorkerInfo.dataset``."""
+        return next((s.dataset for s in self.stages or () if s.dataset is not None), None)
+
+    def run(self, item: Any, epoch: int, seq: int) -> Any:
+        if self.stages is None:
+            try:
+                return self.fn(item)  # type: ignore[operator]
+            except Exception as e:
+                annotate(e, self.name, epoch, **describe_item(item, seq))
+                raise
+        failed: list[str] = []
+        context = Context(epoch, offset=seq)  # the item's position in the pass
+        it: Iterator[Any] = iter((item,))
+        for s in self.stages:
+            it = _track(s.apply(it, context), s.name, failed)
+            context = s.context_after(context)
+        try:
+            return next(it)
+        except StopIteration:
+            msg = (
+                f"stage {(failed or [self.name])[0]!r} yielded nothing for one item; "
+                "parallel_map runs one-to-one stages only"
+            )
+            raise ValueError(msg) from None
+        except Exception as e:
+            annotate(e, failed[0] if failed else self.name, epoch, **describe_item(item, seq))
+            raise
+
+
+def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
+    try:
+        yield from it
+    except Exception:
+        if not failed:
+            failed.append(name)
+        raise
+
+
+class SourceJob:
+    """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica)."""
+
+    def __init__(self, loader: Loader[Any], name: str) -> None:
+        self.loader = loader
+        self.name = name
+        self._epoch: int | None = None
+        self._it: Iterator[Any] | None = None
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader.source, "iterable", None)
+
+    def without_torch(self) -> None:
+        """In a worker that has not imported torch: the stages' numpy-only forms."""
+        stages = tuple(s.without_torch() for s in self.loader.stages)
+        self.loader = Loader(self.loader.source, stages)
+
+    def clone(self) -> SourceJob:
+        """A replica with its own iterator (one per thread worker)."""
+        return SourceJob(Loader(self.loader.source, self.loader.stages), self.name)
+
+    def run(self, item: Any, epoch: int, seq: int) -> Any:
+        info = get_worker_info()
+        if info is not None:  # shard() inside reads this worker's share
+            set_replica(True, thread=info.backend == "thread")
+        if self._epoch != epoch:
+            if self._it is not None:
+                self._it.close()  # type: ignore[attr-defined]
+            self.loader.set_epoch(epoch)
+            self._it = iter(self.loader)
+            self._epoch = epoch
+        assert self._it is not None
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise Exhausted from None

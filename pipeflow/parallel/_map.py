@@ -1,0 +1,337 @@
+"""``parallel_map``: a generator that keeps workers busy, and one that puts results in order.
+
+Read it top-down: :func:`_parallel_map` is the stage's generator — it borrows a pool for the
+pass, numbers the items, and yields what :func:`_results` and :func:`_in_order` make of them.
+:func:`_results` keeps at most ``max_in_flight`` items out at once (backpressure) and yields
+replies as they arrive; :func:`_in_order` holds early ones back until their turn. The pools
+(:mod:`pipeflow.parallel._processes`, :mod:`pipeflow.parallel._threads`) run the items and
+turn failures into exceptions here: the user's own (same type, worker traceback chained, a
+note naming the stage, the item, the worker and its pid), ``WorkerDiedError``,
+``WorkerTimeoutError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from pipeflow._context import Context, Hooks
+from pipeflow._stage import Stage, _short
+from pipeflow.errors import WorkerTimeoutError
+from pipeflow.parallel._jobs import Exhausted, MapJob
+from pipeflow.parallel._protocol import Pool
+from pipeflow.parallel._settings import Settings, settings
+from pipeflow.parallel._wire import Reply
+from pipeflow.state import Resume, numbered, recording
+
+__all__ = ["ParallelMap", "parallel_map", "run_parallel"]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def run_parallel(
+    job: Any,
+    config: Settings,
+    name: str,
+    upstream: Iterable[Any] | None,
+    context: Context,
+    hooks: Hooks | None,
+) -> Iterator[Any]:
+    """One pass of a parallel stage (``upstream`` ``None``: the workers are sources)."""
+    hooks = hooks or Hooks()
+    stats = hooks.stats
+    if stats is not None and config.workers:
+        stats.workers, stats.max_in_flight = config.workers, config.in_flight
+    skip = hooks.resume or frozenset()
+    items = None if upstream is None else numbered(upstream, context.offset, skip)
+    if config.workers == 0:  # in the calling thread: the reference the parallel runs equal
+        yield from recording(_inline(job, items, context.epoch, context.offset), hooks.delivered)
+        return
+    kept = hooks.resources.setdefault("pool", _Kept())
+    pool, borrowed = kept.borrow(
+        config, lambda: config.make_pool(job, name, config.base_seed(context))
+    )
+    done = [0]  # results delivered to the consumer: what the in-flight bound counts
+    try:
+        replies = _results(pool, items, context, config, done, stats)
+        if config.ordered:
+            replies = _in_order(replies, context.offset, pool.drop)
+        yield from recording(_values(pool, replies, done), hooks.delivered)
+    finally:
+        kept.give_back(pool, borrowed)
+
+
+def _results(
+    pool: Pool,
+    items: Iterator[tuple[int, Any]] | None,
+    context: Context,
+    config: Settings,
+    done: list[int],
+    stats: Any,
+) -> Iterator[Reply]:
+    """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield every
+    reply as it arrives."""
+    pool.start_pass(config.in_flight)
+    sent = received = 0
+    seq = context.offset  # a source's items are numbered from here
+    held: tuple[int, Any] | None = None  # an item no worker had room for yet
+    exhausted = False
+    arrived: list[Reply] = []
+    try:
+        while True:
+            while not exhausted and sent - done[0] < config.in_flight:
+                if held is None:
+                    if items is not None:
+                        held = next(items, None)
+                    elif pool.can_submit():  # source workers: "your next item"
+                        held, seq = (seq, None), seq + 1
+                    if held is None:
+                        exhausted = True
+                        break
+                if not pool.submit(held[0], context.epoch, held[1]):
+                    break
+                held, sent = None, sent + 1
+            if exhausted and received == sent:
+                return
+            got = pool.collect(config.timeout)
+            if got is None:
+                msg = (
+                    f"parallel stage {pool.name!r}: no result within timeout={config.timeout} "
+                    f"s; in flight: {pool.in_flight()}"
+                )
+                raise WorkerTimeoutError(msg)
+            received += len(got)
+            if stats is not None:  # queue occupancy and per-item times, for loader.stats()
+                stats.in_flight += sent - done[0]
+                stats.in_flight_samples += 1
+                for reply in got:
+                    stats.task_ns.append(reply.took)
+                    stats.task_total_ns += reply.took
+            arrived.extend(got)
+            while arrived:
+                yield arrived.pop(0)
+    finally:  # replies that arrived but will not be delivered give back what they hold
+        for reply in arrived:
+            pool.drop(reply)
+
+
+def _in_order(
+    replies: Iterator[Reply], first: int, drop: Callable[[Reply], None]
+) -> Iterator[Reply]:
+    """Hold replies back until every earlier one has gone out."""
+    early: dict[int, Reply] = {}
+    expected = first
+    try:
+        for reply in replies:
+            early[reply.seq] = reply
+            while expected in early:
+                yield early.pop(expected)
+                expected += 1
+    finally:
+        for reply in early.values():
+            drop(reply)
+
+
+def _values(pool: Pool, replies: Iterator[Reply], done: list[int]) -> Iterator[tuple[int, Any]]:
+    """``(number, result)`` for each reply; a failed item raises its exception."""
+    for reply in replies:
+        done[0] += 1
+        if reply.kind != "end":  # a source worker that ran out
+            yield reply.seq, pool.value(reply)
+
+
+def _inline(
+    job: Any, items: Iterator[tuple[int, Any]] | None, epoch: int, first: int
+) -> Iterator[tuple[int, Any]]:
+    if items is None:
+        seq = first
+        while True:
+            try:
+                yield seq, job.run(None, epoch, seq)
+            except Exhausted:
+                return
+            seq += 1
+    for seq, item in items:
+        yield seq, job.run(item, epoch, seq)
+
+
+class _Kept:
+    """A persistent pool, kept by the loader between its passes."""
+
+    __slots__ = ("busy", "pool")
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+        self.busy = False
+
+    def borrow(self, config: Settings, make: Callable[[], Any]) -> tuple[Any, bool]:
+        """The pool for one pass, and whether it is the kept one (else close it after).
+
+        A second pass running while the first is (``zip(loader, loader)``) gets its own.
+        """
+        if not config.persistent or self.busy:
+            return make(), False
+        if self.pool is not None and (self.pool.closed or self.pool.broken):
+            self.close()
+        if self.pool is None:
+            self.pool = make()
+        self.busy = True
+        return self.pool, True
+
+    def give_back(self, pool: Any, borrowed: bool) -> None:
+        if not borrowed:
+            pool.close()
+            return
+        self.busy = False
+        if pool.broken:
+            self.close()
+
+    def close(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()
+
+
+class ParallelMap(Stage[T, U]):
+    """The stage :func:`parallel_map` returns."""
+
+    __slots__ = ()
+
+    def __init__(self, fn: Any, config: Settings) -> None:
+        super().__init__(_no_call, "parallel_map", {"fn": fn, "settings": config}, length="same")
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[U]:
+        config: Settings = self._config["settings"]
+        job = MapJob(self._config["fn"], "parallel_map")
+        return run_parallel(job, config, "parallel_map", upstream, context, hooks)
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """In order, the first *k* results are those of the first *k* items; out of order,
+        the pass records what it delivered."""
+        return Resume.below(k) if self._config["settings"].ordered else Resume.recorded()
+
+    def identity(self) -> list[str]:
+        """What resumption compares: the work and the delivery order, not the workers.
+
+        In order, a parallel map is the same pipeline as its stages run in line (so a state
+        taken with workers resumes without, and back).
+        """
+        fn = self._config["fn"]
+        if self._config["settings"].ordered:
+            return (
+                [repr(s) for s in fn.stages] if isinstance(fn, Stage) else [f"map(fn={_short(fn)})"]
+            )
+        work = repr(fn) if isinstance(fn, Stage) else _short(fn)
+        return [f"parallel_map({work}, ordered=False)"]
+
+    def __repr__(self) -> str:
+        fn = self._config["fn"]
+        first = repr(fn) if isinstance(fn, Stage) else _short(fn)
+        config: Settings = self._config["settings"]
+        return config.describe("parallel_map", first)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ParallelMap, (self._config["fn"], self._config["settings"]))
+
+
+def _no_call(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - apply overrides
+    raise AssertionError
+
+
+def parallel_map(
+    fn: Callable[[T], U] | Stage[T, U],
+    *,
+    workers: int,
+    backend: str = "thread",
+    ordered: bool = True,
+    max_in_flight: int | None = None,
+    mp_context: Any = None,
+    worker_init: Callable[[int], Any] | None = None,
+    timeout: float | None = None,
+    persistent: bool = False,
+    seed: int | None = None,
+    round_robin: bool = False,
+) -> Stage[T, U]:
+    """Apply *fn* to every item on a pool of threads or processes.
+
+    *fn* is a function or a one-to-one stage, such as ``pf.fetch(ds) | pf.collate()`` over
+    batches of indices — exactly what a DataLoader worker does.
+
+    - ``backend="thread"``: right for I/O (files, remote storage, decoders that release the
+      GIL) and free-threaded Python. Items are shared, nothing is pickled.
+    - ``backend="process"``: for CPU-bound Python. *fn* (with its dataset) goes to each worker
+      once, when the pool starts; numpy arrays and CPU tensors come back through shared
+      memory. ``fork``, ``forkserver`` and ``spawn`` all work.
+
+    At most *max_in_flight* items are out at once (default ``2 * workers``), so a slow consumer
+    holds the workers back instead of filling memory. ``ordered=True`` yields exactly the
+    sequence ``map(fn, items)`` would; ``ordered=False`` yields results as they complete, each
+    exactly once, so one slow item does not hold back the rest.
+
+    Each process worker's ``random``, numpy and torch global generators are seeded with
+    ``base_seed + worker_id`` (torch's scheme); *base_seed* derives from *seed* and the epoch
+    (see :mod:`pipeflow._random`). Thread workers share the process's global generators, which
+    no seeding can make reproducible under threads: give per-sample randomness its own
+    generator instead (:func:`~pipeflow.random_map`).
+
+    Args:
+        fn: the function, or a stage that yields one item per item.
+        workers: how many threads or processes; ``0`` runs *fn* in the calling thread.
+        backend: ``"thread"`` or ``"process"``.
+        ordered: keep the input order (else completion order).
+        max_in_flight: bound on items out at once; default ``2 * workers``.
+        mp_context: start method (``"fork"``, ``"forkserver"``, ``"spawn"``) or a
+            multiprocessing context, for processes; default: the platform's.
+        worker_init: called as ``worker_init(worker_id)`` in each worker once it has started.
+        timeout: seconds to wait for the next result before raising
+            :class:`~pipeflow.WorkerTimeoutError`; ``None`` waits forever.
+        persistent: keep the workers between epochs (like torch's ``persistent_workers``);
+            ``loader.close()`` stops them.
+        seed: the workers' seed; ``None`` draws one when the stage is built.
+        round_robin: send item *k* of a pass to worker ``k % workers``, as torch's DataLoader
+            does, instead of to the least busy worker. Use it when *fn* draws from the
+            workers' global random generators and the result must not depend on timing.
+
+    Raises:
+        TypeError, ValueError: for a bad argument, when the stage is built. An *fn* that can't
+            be pickled for a spawn or forkserver pool raises ``TypeError`` before any worker
+            starts.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> loader = pf.indices(6) | pf.parallel_map(abs, workers=2)
+        >>> list(loader)
+        [0, 1, 2, 3, 4, 5]
+        >>> words = ["a", "b", "c", "d", "e"]
+        >>> loader = pf.indices(5) | pf.batch(2) | pf.parallel_map(pf.fetch(words), workers=2)
+        >>> list(loader)
+        [['a', 'b'], ['c', 'd'], ['e']]
+    """
+    if isinstance(fn, Stage):
+        if fn.length(1) != 1:
+            bad = next((s.name for s in fn.stages if s.length(1) != 1), fn.name)
+            msg = (
+                f"parallel_map: fn must be one-to-one, but stage {bad!r} can change the number "
+                "of items; run it before or after the parallel stage"
+            )
+            raise ValueError(msg)
+    elif not callable(fn):
+        msg = f"parallel_map: fn must be callable or a stage (got {type(fn).__name__})"
+        raise TypeError(msg)
+    config = settings(
+        "parallel_map",
+        workers=workers,
+        backend=backend,
+        ordered=ordered,
+        max_in_flight=max_in_flight,
+        mp_context=mp_context,
+        worker_init=worker_init,
+        timeout=timeout,
+        persistent=persistent,
+        seed=seed,
+        round_robin=round_robin,
+    )
+    return ParallelMap(fn, config)

@@ -1,0 +1,365 @@
+"""Worker processes, each with its own duplex pipe; results come back through shared memory.
+
+Workers start when first given a task (the first is working while the next one forks), get
+tasks round-robin (torch's order) or by least load, and answer with
+:class:`~pipeflow.parallel._wire.Reply` records whose large buffers travel in shared memory
+(:mod:`pipeflow.parallel._writer` there, :mod:`pipeflow.parallel._reader` here). A worker
+that dies is named, with its pid, exit code or signal and the sample indices it held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import time
+from typing import Any
+
+from pipeflow.errors import WorkerDiedError, WorkerError, _RemoteTraceback
+from pipeflow.parallel import _segments
+from pipeflow.parallel._fork import Freeze, warm_source_cache
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._reader import Reader
+from pipeflow.parallel._wire import RemoteError, Reply, Task
+from pipeflow.parallel._worker import process_main
+
+__all__ = ["ProcessPool"]
+
+#: How long the other workers wait to start while the first makes its first result.
+START_STAGGER = 0.05
+_POOL_IDS = itertools.count()
+
+
+class ProcessPool:
+    """Worker processes, each with its own duplex pipe; results come back via shared memory."""
+
+    backend = "process"
+
+    def __init__(
+        self,
+        job: Any,
+        workers: int,
+        *,
+        name: str,
+        context: multiprocessing.context.BaseContext,
+        worker_init: Any,
+        base_seed: int,
+        round_robin: bool,
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.round_robin = round_robin
+        self.pool_id = next(_POOL_IDS)
+        self.prefix = _segments.segment_prefix(os.getpid(), self.pool_id)
+        self.method = context.get_start_method()
+        self.closed = False
+        self.broken = False
+        self.freeze = Freeze()
+        self.pass_id = 0
+        self.active = [True] * workers
+        self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
+        self.stale: list[int] = [0] * workers  # tasks of earlier passes still out
+        self.depth = 2  # tasks queued per worker, at most (set per pass)
+        self.head_since = [0.0] * workers  # when each worker's current task started, roughly
+        self.avg: float | None = None  # moving average of the time per task
+        self.warm = [False] * workers  # a worker's first result also timed its start-up
+        self.rr_next = 0  # round robin: the worker the next task goes to
+        self.first_start: float | None = None  # when the first worker started
+        if self.method == "fork":
+            payload, init = job, worker_init
+            if "numpy" in sys.modules:  # each worker seeds it: import it once, here, not in each
+                import numpy.random  # noqa: F401
+            warm_source_cache()
+        else:  # pickled once here, so an unpicklable fn fails before any worker starts
+            payload = self._pickle(job, "fn")
+            init = self._pickle(worker_init, "worker_init") if worker_init else None
+        self.context = context
+        self.spawn_args = (payload, workers, base_seed, init, os.getpid())
+        self.conns: list[Any] = [None] * workers
+        self.procs: list[Any] = [None] * workers
+        self.by_fd: dict[int, int] = {}
+        self.sentinels: dict[int, int] = {}
+        self.reader = Reader()
+        LIVE.add(self)
+
+    def _start(self, wid: int) -> None:
+        """Start worker *wid*. Workers start when first given a task, so the first one is
+        already working while the next one forks."""
+        payload, workers, base_seed, init, main_pid = self.spawn_args
+        here, there = self.context.Pipe(duplex=True)
+        proc = self.context.Process(  # type: ignore[attr-defined]
+            target=process_main,
+            args=(
+                there,
+                payload,
+                wid,
+                workers,
+                base_seed,
+                init,
+                main_pid,
+                _segments.segment_prefix(main_pid, self.pool_id, wid),
+            ),
+            name=f"pipeflow-{self.name}-{wid}",
+            daemon=True,
+        )
+        if self.method == "fork":
+            self.freeze.hold()
+        try:
+            proc.start()
+        finally:
+            there.close()
+        self.conns[wid], self.procs[wid] = here, proc
+        if self.first_start is None:
+            self.first_start = time.monotonic()
+        self.by_fd[here.fileno()] = wid
+        self.sentinels[proc.sentinel] = wid
+
+    def _pickle(self, obj: Any, what: str) -> bytes:
+        try:
+            return pickle.dumps(obj)
+        except Exception as e:
+            msg = (
+                f"parallel stage {self.name!r}: {what} can't be pickled for the "
+                f"{self.method!r} start method ({type(e).__name__}: {e}); define it at module "
+                "level (not a lambda or a local function), or use the 'fork' start method"
+            )
+            raise TypeError(msg) from e
+
+    # -- a pass ----------------------------------------------------------------------------
+    def start_pass(self, max_in_flight: int) -> None:
+        self.pass_id += 1
+        self.active = [True] * self.workers
+        self.rr_next = 0  # every pass starts at worker 0, as torch's iterators do
+        self.depth = -(-max_in_flight // self.workers)
+        for wid in range(self.workers):
+            self.stale[wid] += len(self.outstanding[wid])
+            self.outstanding[wid].clear()
+
+    def can_submit(self) -> bool:
+        return any(self.active)
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        """Send one task; False (nothing sent) when no worker has room for it now."""
+        wid = self._choose()
+        if wid is None:
+            return False
+        if self.procs[wid] is None:
+            self._start(wid)
+        if not self.outstanding[wid] and not self.stale[wid]:
+            self.head_since[wid] = time.monotonic()
+        freed = self.reader.take_freed(wid)  # segments it may write again
+        try:
+            self.conns[wid].send(Task(self.pass_id, seq, epoch, item, freed))
+        except OSError:  # BrokenPipeError: the worker is gone
+            self._died(wid)
+        self.outstanding[wid][seq] = item
+        return True
+
+    def _stagger_left(self) -> float | None:
+        """Seconds the workers not started yet must still wait; None when they may start.
+
+        Forking blocks this process for ~10 ms (more with a large heap), and the first batch
+        would wait for every fork. So the other workers start once the first worker has sent
+        its first result, or after :data:`START_STAGGER` seconds, whichever comes first.
+        """
+        if self.first_start is None or any(self.warm):
+            return None
+        left = self.first_start + START_STAGGER - time.monotonic()
+        return left if left > 0 else None
+
+    def _choose(self) -> int | None:
+        staggering = self._stagger_left() is not None
+        if self.round_robin:  # torch's order: task k to worker k % workers
+            for _ in range(self.workers):
+                wid = self.rr_next
+                if self.active[wid]:
+                    if staggering and self.procs[wid] is None:
+                        return None  # its turn, but it may not start yet
+                    self.rr_next = (wid + 1) % self.workers
+                    return wid
+                self.rr_next = (wid + 1) % self.workers
+            raise AssertionError("no active worker")
+        # The least busy worker, never one that seems stuck on a slow item: queueing behind
+        # it would hold the queued item back too. Until the first result shows how long an
+        # item takes, one task per worker.
+        now = time.monotonic()
+        cap = 1 if self.avg is None else self.depth
+        slow = None if self.avg is None else max(4 * self.avg, 0.001)
+        best = cap
+        choice = None
+        for wid in range(self.workers):
+            load = len(self.outstanding[wid]) + self.stale[wid]
+            if load >= best or (staggering and self.procs[wid] is None):
+                continue
+            if slow is not None and load > 0 and now - self.head_since[wid] > slow:
+                continue  # stuck: let its queue drain first (an idle worker is never stuck)
+            best, choice = load, wid
+        return choice
+
+    def collect(self, timeout: float | None) -> list[Reply] | None:
+        """Wait for messages (or a death); ``None`` means *timeout* passed with none.
+
+        The list may be empty when only late results of an abandoned pass arrived.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wake = False  # for the other workers' start, not for a timeout
+            stagger = self._stagger_left() if None in self.procs else None
+            if stagger is not None and (left is None or stagger < left):
+                left, wake = stagger, True
+            ready = multiprocessing.connection.wait([*self.by_fd_conns(), *self.sentinels], left)
+            if not ready:
+                return [] if wake else None  # []: the caller submits again, starting them
+            out: list[Reply] = []
+            dead: list[int] = []
+            got = False
+            for r in ready:
+                if isinstance(r, int):
+                    dead.append(self.sentinels[r])
+                    continue
+                assert isinstance(r, multiprocessing.connection.Connection)
+                wid = self.by_fd[r.fileno()]
+                try:
+                    while r.poll():
+                        msg = r.recv_bytes()
+                        got = True
+                        res = self._receive(wid, msg)
+                        if res is not None:
+                            out.append(res)
+                except (EOFError, OSError):  # the pipe closed: the worker is gone
+                    dead.append(wid)
+            if got:
+                return out  # deliver what came first; a death shows up on the next call
+            for wid in dead:
+                self._died(wid)
+
+    def by_fd_conns(self) -> list[Any]:
+        return [c for c in self.conns if c is not None]
+
+    def _receive(self, wid: int, msg: bytes) -> Reply | None:
+        reply: Reply = pickle.loads(msg)
+        if reply.kind == "init":
+            self._raise_remote(
+                reply.payload, f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
+            )
+        now = time.monotonic()
+        if self.warm[wid]:
+            took = now - self.head_since[wid]
+            self.avg = took if self.avg is None else 0.8 * self.avg + 0.2 * took
+        self.warm[wid] = True
+        self.head_since[wid] = now
+        if reply.kind == "ok" and reply.payload.retired:
+            self.reader.retire(wid, reply.payload.retired)
+        if reply.pass_id != self.pass_id:  # a late result of an abandoned pass
+            self.stale[wid] -= 1
+            self.drop(reply)
+            return None
+        self.outstanding[wid].pop(reply.seq, None)
+        if reply.kind == "end":
+            self.active[wid] = False
+        return reply
+
+    def value(self, reply: Reply) -> Any:
+        if reply.kind == "err":
+            self._raise_remote(reply.payload, None)
+        return self.reader.decode(reply.worker, *reply.payload[:3])
+
+    def drop(self, reply: Reply) -> None:
+        if reply.kind == "ok":
+            self.reader.discard(reply.worker, reply.payload.segment)
+
+    @staticmethod
+    def _raise_remote(error: RemoteError, where: str | None) -> None:
+        exc: BaseException = (
+            pickle.loads(error.pickled)
+            if error.pickled is not None
+            else WorkerError(error.type_name, error.text)
+        )
+        if where is not None and hasattr(exc, "add_note"):
+            exc.add_note(f"pipeflow: {where} failed")
+        raise exc from _RemoteTraceback(error.traceback)
+
+    def _died(self, wid: int) -> None:
+        conn = self.conns[wid]
+        with contextlib.suppress(EOFError, OSError):
+            while conn.poll():  # a start-up failure it reported before dying explains it
+                reply: Reply = pickle.loads(conn.recv_bytes())
+                if reply.kind == "init":
+                    where = f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
+                    self._raise_remote(reply.payload, where)
+        proc = self.procs[wid]
+        proc.join(0.1)
+        code = proc.exitcode
+        if code is None:
+            how = "closed its pipe"
+        elif code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        msg = (
+            f"parallel stage {self.name!r}: worker {wid} of {self.workers} (pid {proc.pid}) "
+            f"{how} while holding {held(self.outstanding[wid])}"
+        )
+        if code == -signal.SIGBUS:
+            msg += (
+                "; SIGBUS in a worker usually means /dev/shm is full: enlarge it (e.g. "
+                "docker run --shm-size=8g) or lower max_in_flight"
+            )
+        self.broken = True
+        raise WorkerDiedError(msg)
+
+    def in_flight(self) -> str:
+        parts = [
+            f"{held(o)} in worker {w} (pid {self.procs[w].pid})"
+            for w, o in enumerate(self.outstanding)
+            if o and self.procs[w] is not None
+        ]
+        return "; ".join(parts) or "nothing"
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every worker (terminating the hung ones) and unlink every segment."""
+        if self.closed:
+            return
+        self.closed = True
+        LIVE.discard(self)
+        conns = [c for c in self.conns if c is not None]
+        procs = [p for p in self.procs if p is not None]
+        for c in conns:
+            with contextlib.suppress(OSError, ValueError):
+                c.send(None)
+        deadline = time.monotonic() + STOP_GRACE
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(0.3)
+            if p.is_alive():
+                p.kill()
+                p.join(0.3)
+        for c in conns:
+            try:
+                while c.poll():
+                    reply: Reply = pickle.loads(c.recv_bytes())
+                    if reply.kind == "ok" and reply.payload.segment is not None:
+                        _segments.discard(reply.payload.segment[0])
+            except (EOFError, OSError):
+                pass
+            c.close()
+        for p in procs:
+            if not p.is_alive():
+                p.close()
+        _segments.sweep(self.prefix)
+        self.reader.close()
+        self.freeze.release()

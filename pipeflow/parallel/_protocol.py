@@ -1,0 +1,77 @@
+"""The small protocol both worker pools keep, and what they share.
+
+A pool runs tasks on its workers and hands back :class:`~pipeflow.parallel._wire.Reply`
+records; the parallel stage's generator (:mod:`pipeflow.parallel._map`) drives it through
+these methods only, whether the workers are threads or processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import Any, Protocol
+
+from pipeflow.errors import describe_indices
+from pipeflow.parallel._jobs import describe_item
+from pipeflow.parallel._wire import Reply
+
+__all__ = ["LIVE", "STOP_GRACE", "Pool", "held"]
+
+#: How long workers get to finish their current item after being told to stop.
+STOP_GRACE = 1.0
+#: Every pool not closed yet: interpreter exit closes them, so nothing is left behind.
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    for pool in list(LIVE):
+        pool.close()
+
+
+class Pool(Protocol):
+    """Workers that run tasks (see :mod:`pipeflow.parallel._threads` and ``_processes``)."""
+
+    name: str
+    workers: int
+    closed: bool
+    broken: bool  # a worker died: the pool can't be reused
+
+    def start_pass(self, max_in_flight: int) -> None:
+        """Forget the tasks of an earlier pass; the next tasks belong to a new one."""
+
+    def can_submit(self) -> bool:
+        """Whether any worker still takes tasks (source workers drop out when they end)."""
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        """Send item number *seq*; ``False`` (nothing sent) when no worker has room now."""
+
+    def collect(self, timeout: float | None) -> list[Reply] | None:
+        """Wait for replies; ``None`` when *timeout* passed with none (a list, maybe empty,
+        otherwise). Raises :class:`~pipeflow.WorkerDiedError` when a worker died."""
+
+    def value(self, reply: Reply) -> Any:
+        """The result a ``"ok"`` reply carries; raises the exception an ``"err"`` one does."""
+
+    def drop(self, reply: Reply) -> None:
+        """A reply that will not be delivered (the pass was abandoned): free what it holds."""
+
+    def in_flight(self) -> str:
+        """The items out now, in words, for a timeout's message."""
+
+    def close(self) -> None:
+        """Stop every worker and release everything (idempotent)."""
+
+
+def held(items: dict[int, Any]) -> str:
+    """Name the items a worker held: sample indices where they are indices."""
+    flat: list[Any] = []
+    for seq, item in sorted(items.items()):
+        where = describe_item(item, seq)
+        if "index" in where:
+            flat.append(where["index"])
+        elif "batch" in where:
+            flat.extend(where["batch"])
+        else:
+            return f"items {sorted(items)}"
+    return f"sample indices {describe_indices(flat)}" if flat else "no items"

@@ -1,0 +1,136 @@
+"""The settings both parallel stages share: checked once, shown in reprs, turned into pools."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+from dataclasses import dataclass
+from typing import Any
+
+from pipeflow import _checks
+from pipeflow._context import Context
+from pipeflow._random import check_seed, derive, fresh_seed
+
+__all__ = ["Settings", "settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A parallel stage's validated settings (see :func:`pipeflow.parallel_map`)."""
+
+    workers: int
+    backend: str
+    ordered: bool
+    max_in_flight: int | None
+    mp_context: Any
+    worker_init: Any
+    timeout: float | None
+    persistent: bool
+    seed: int
+    round_robin: bool = False
+
+    @property
+    def in_flight(self) -> int:
+        """The bound on items out at once: *max_in_flight*, by default twice the workers."""
+        return self.max_in_flight or 2 * self.workers
+
+    def base_seed(self, context: Context) -> int:
+        """The workers' base seed for this pass: the caller's, else from (seed, epoch)."""
+        if callable(context.base_seed):
+            return context.base_seed()
+        if context.base_seed is not None:
+            return context.base_seed
+        return derive(self.seed, context.epoch) >> 1  # 63 bits, as torch's seeds
+
+    def make_pool(self, job: Any, name: str, base_seed: int) -> Any:
+        """Start a pool of this stage's backend (its workers start lazily)."""
+        if self.backend == "process":
+            from pipeflow.parallel._processes import ProcessPool
+
+            mp = self.mp_context
+            context = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
+            return ProcessPool(
+                job,
+                self.workers,
+                name=name,
+                context=context or multiprocessing.get_context(mp),
+                worker_init=self.worker_init,
+                base_seed=base_seed,
+                round_robin=self.round_robin,
+            )
+        from pipeflow.parallel._threads import ThreadPool
+
+        return ThreadPool(
+            job,
+            self.workers,
+            name=name,
+            worker_init=self.worker_init,
+            base_seed=base_seed,
+            round_robin=self.round_robin,
+        )
+
+    def describe(self, name: str, first: str) -> str:
+        """``name(first, workers=..., ...)``: the settings that differ from their defaults."""
+        from pipeflow._stage import _short
+
+        shown = [first, f"workers={self.workers}", f"backend={self.backend!r}"]
+        for key, default in _DEFAULTS.items():
+            value = getattr(self, key)
+            if value != default:
+                shown.append(f"{key}={_short(value)}")
+        shown.append(f"seed={self.seed}")
+        return f"{name}({', '.join(shown)})"
+
+
+_DEFAULTS = {
+    "ordered": True,
+    "max_in_flight": None,
+    "mp_context": None,
+    "worker_init": None,
+    "timeout": None,
+    "persistent": False,
+    "round_robin": False,
+}
+
+
+def settings(
+    name: str,
+    *,
+    workers: Any,
+    backend: Any,
+    ordered: Any,
+    max_in_flight: Any,
+    mp_context: Any,
+    worker_init: Any,
+    timeout: Any,
+    persistent: Any,
+    seed: Any,
+    round_robin: Any = False,
+) -> Settings:
+    """Check the settings both parallel stages share; draw the seed when none is given."""
+    workers = _checks.integer(name, "workers", workers, low=0)
+    _checks.one_of(name, "backend", backend, ("thread", "process"))
+    if mp_context is not None:
+        if backend != "process":
+            msg = f"{name}: mp_context applies to backend='process' only (got {mp_context!r})"
+            raise ValueError(msg)
+        if isinstance(mp_context, str):
+            _checks.one_of(name, "mp_context", mp_context, multiprocessing.get_all_start_methods())
+        elif not isinstance(mp_context, multiprocessing.context.BaseContext):
+            msg = (
+                f"{name}: mp_context must be a start method name or a multiprocessing context "
+                f"(got {type(mp_context).__name__})"
+            )
+            raise TypeError(msg)
+    return Settings(
+        workers=workers,
+        backend=backend,
+        ordered=_checks.boolean(name, "ordered", ordered),
+        max_in_flight=_checks.optional_integer(name, "max_in_flight", max_in_flight, low=1),
+        mp_context=mp_context,
+        worker_init=_checks.function(name, "worker_init", worker_init, optional=True),
+        timeout=_checks.seconds(name, "timeout", timeout),
+        persistent=_checks.boolean(name, "persistent", persistent),
+        seed=fresh_seed() if seed is None else check_seed(name, seed),
+        round_robin=_checks.boolean(name, "round_robin", round_robin),
+    )

@@ -1,0 +1,135 @@
+"""Worker threads: a shared task queue for maps, one queue per thread for round-robin and
+sources. Items and results are shared, nothing is pickled."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Any
+
+from pipeflow.parallel._jobs import SourceJob
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._wire import Reply, Task
+from pipeflow.parallel._worker import thread_main
+
+__all__ = ["ThreadPool"]
+
+
+class ThreadPool:
+    """Worker threads: a shared task queue for maps, one queue per thread for sources."""
+
+    backend = "thread"
+
+    def __init__(
+        self,
+        job: Any,
+        workers: int,
+        *,
+        name: str,
+        worker_init: Any,
+        base_seed: int,
+        round_robin: bool,
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.round_robin = round_robin
+        self.closed = False
+        self.broken = False
+        self.pass_id = 0
+        self.current = [0]  # shared with the threads: tasks of other passes are skipped
+        self.active = [True] * workers
+        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (worker or -1, item)
+        self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        shared: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
+        self._rr = itertools.cycle(range(workers))
+        self.threads = []
+        for wid in range(workers):
+            own_job = job.clone() if isinstance(job, SourceJob) else job
+            t = threading.Thread(
+                target=thread_main,
+                args=(
+                    self.queues[wid],
+                    self.results,
+                    own_job,
+                    wid,
+                    workers,
+                    base_seed,
+                    worker_init,
+                    self.current,
+                ),
+                name=f"pipeflow-{name}-{wid}",
+                daemon=True,
+            )
+            t.start()
+            self.threads.append(t)
+        LIVE.add(self)
+
+    def start_pass(self, max_in_flight: int) -> None:
+        self.pass_id += 1
+        self.current[0] = self.pass_id
+        self.active = [True] * self.workers
+        self.outstanding.clear()
+        self._rr = itertools.cycle(range(self.workers))  # each pass starts at worker 0
+
+    def can_submit(self) -> bool:
+        return any(self.active)
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        wid = -1
+        if self.round_robin:
+            for _ in range(self.workers):
+                wid = next(self._rr)
+                if self.active[wid]:
+                    break
+        self.queues[max(wid, 0)].put(Task(self.pass_id, seq, epoch, item))
+        self.outstanding[seq] = (wid, item)
+        return True
+
+    def collect(self, timeout: float | None) -> list[Reply] | None:
+        out: list[Reply] = []
+        try:
+            reply: Reply = self.results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        while True:
+            if reply.kind == "init":
+                reply.payload.add_note(
+                    f"pipeflow: worker_init in thread worker {reply.worker} failed"
+                )
+                raise reply.payload
+            if reply.pass_id == self.pass_id:
+                self.outstanding.pop(reply.seq, None)
+                if reply.kind == "end":
+                    self.active[reply.worker] = False
+                out.append(reply)
+            try:
+                reply = self.results.get_nowait()
+            except queue.Empty:
+                return out
+
+    def value(self, reply: Reply) -> Any:
+        if reply.kind == "err":
+            raise reply.payload
+        return reply.payload
+
+    def drop(self, reply: Reply) -> None:
+        pass
+
+    def in_flight(self) -> str:
+        return held({seq: item for seq, (_, item) in self.outstanding.items()})
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        LIVE.discard(self)
+        for q in {id(q): q for q in self.queues}.values():
+            for _ in range(self.workers):
+                q.put(None)
+        deadline = time.monotonic() + STOP_GRACE
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        # A thread stuck in user code can't be stopped; it is a daemon and holds no process.

@@ -1,0 +1,85 @@
+"""What travels between the main process and its workers: typed records, never bare tuples.
+
+A :class:`Task` goes to a worker; a :class:`Reply` comes back. Process workers send them
+pickled through a pipe (large result buffers go through shared memory, described by
+:class:`Encoded`); thread workers put the same records on queues.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any, Literal, NamedTuple
+
+__all__ = ["Encoded", "RemoteError", "Reply", "Task", "remote_error"]
+
+
+class Task(NamedTuple):
+    """One item for a worker.
+
+    Attributes:
+        pass_id: the pass it belongs to (a worker drops tasks of an abandoned pass).
+        seq: the item's number in the pass (its position in the epoch).
+        epoch: the epoch.
+        item: the item itself (``None`` for a source worker: "your next item").
+        freed: shared-memory segments the main process no longer uses (process workers).
+    """
+
+    pass_id: int
+    seq: int
+    epoch: int
+    item: Any
+    freed: list[int] | None = None
+
+
+class Encoded(NamedTuple):
+    """A result pickled by :class:`~pipeflow.parallel._writer.Writer`."""
+
+    data: bytes
+    segment: tuple[str | None, int, int] | None
+    layout: list[Any]
+    retired: list[int]
+
+
+class RemoteError(NamedTuple):
+    """An exception raised in a worker process, as it crosses back."""
+
+    pickled: bytes | None  # None when the exception can't be pickled and rebuilt
+    type_name: str
+    text: str
+    traceback: str
+
+
+class Reply(NamedTuple):
+    """What a worker sends back for one task (or once, if its start-up failed).
+
+    Attributes:
+        pass_id: the task's pass (``None`` for a start-up failure).
+        kind: ``"ok"`` (``payload`` is the result, :class:`Encoded` from a process),
+            ``"err"`` (``payload`` is the exception, :class:`RemoteError` from a process),
+            ``"end"`` (a source worker has no more items), or ``"init"`` (``worker_init``
+            or the worker's set-up failed; ``payload`` as for ``"err"``).
+        seq: the task's number.
+        worker: the worker's id.
+        took: nanoseconds the worker spent on the item.
+        payload: as above.
+    """
+
+    pass_id: int | None
+    kind: Literal["ok", "err", "end", "init"]
+    seq: int
+    worker: int
+    took: int = 0
+    payload: Any = None
+
+
+def remote_error(e: BaseException) -> RemoteError:
+    """*e* as it can cross to another process: pickled when it survives a round trip."""
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    payload: bytes | None
+    try:
+        payload = pickle.dumps(e)
+        pickle.loads(payload)
+    except Exception:
+        payload = None
+    return RemoteError(payload, f"{type(e).__module__}.{type(e).__qualname__}", str(e), text)

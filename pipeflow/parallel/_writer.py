@@ -1,0 +1,241 @@
+"""The worker's side of the transport: pickle a result, its large buffers in shared memory.
+
+Segments are *recycled*: the worker keeps each one (its file already unlinked by the main
+process, which keeps its mapping) and, once the main process reports that nothing there uses
+it any more, writes a later result into the same pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copyreg
+import io
+import math
+import mmap
+import os
+import pickle
+import sys
+from typing import Any
+
+from pipeflow import _alloc
+from pipeflow.parallel._segments import ALIGN, INLINE_LIMIT, Segment, capacity, write_segment
+
+__all__ = ["Writer"]
+
+_ZEROS = bytes(ALIGN)
+
+
+def _rebuild_tensor(array: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    import torch
+
+    t = torch.from_numpy(array).view(getattr(torch, dtype.removeprefix("torch."))).reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _reduce_tensor(t: Any) -> Any:
+    import torch
+
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return _rebuild_tensor, (flat, str(t.dtype), tuple(t.shape), t.requires_grad)
+
+
+def _dispatch_table() -> dict[Any, Any]:
+    table = copyreg.dispatch_table.copy()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        table[torch.Tensor] = _reduce_tensor
+    return table
+
+
+class Writer:
+    """A worker's side: pickles results, writing large buffers into shared-memory segments.
+
+    Segments are *recycled*: the worker keeps each one (its file already unlinked by the main
+    process, which keeps its mapping) and, once the main process reports that nothing there
+    uses it any more, writes the next result into the same pages. Writing into pages that
+    exist is a plain copy; a fresh segment makes the kernel allocate and zero every page,
+    which costs more than the copy itself. At most *keep* segments are kept; beyond that a
+    segment is used once and dropped, as when the consumer holds on to many batches.
+    """
+
+    def __init__(self, prefix: str, keep: int = 16) -> None:
+        self.prefix = prefix
+        self.keep = keep
+        self.count = 0
+        self.fds: dict[int, int] = {}  # kept segments: id -> fd
+        self.sizes: dict[int, int] = {}
+        self.maps: dict[int, mmap.mmap] = {}  # the worker's own mapping, made on first reuse
+        self.free: set[int] = set()
+        self.retired: list[int] = []  # dropped, not told to the main process yet
+        self.reserved: int | None = None  # the segment `empty` hands out memory from
+        self.cursor = 0  # bytes of it handed out
+
+    def activate(self) -> None:
+        """Make :func:`pipeflow._alloc.empty` hand out this writer's memory, in this thread."""
+        _alloc.install(self.empty)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new array for this task's result, in a free kept segment when one has room.
+
+        A collate stacks into it, so the batch is made where it travels: no copy at
+        :meth:`encode`, and pages that are already there. Otherwise ``numpy.empty``.
+        """
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.reserved is None and nbytes >= INLINE_LIMIT:
+            self.reserved = self._reusable(nbytes)
+            self.cursor = 0
+        start = self.cursor + (-self.cursor % ALIGN)
+        if self.reserved is None or start + nbytes > self.sizes[self.reserved]:
+            return np.empty(shape, dtype)
+        self.cursor = start + nbytes
+        mm = self._mapping(self.reserved)
+        return np.frombuffer(mm, np.uint8, nbytes, start).view(dtype).reshape(shape)
+
+    def unreserve(self) -> None:
+        """Give back the segment `empty` took, unless a result went out in it."""
+        if self.reserved is not None:
+            self.free.add(self.reserved)
+            self.reserved = None
+
+    def release(self, ids: list[int]) -> None:
+        """The main process is done with these segments: they may be written again."""
+        self.free.update(i for i in ids if i in self.fds)
+
+    def encode(self, obj: Any) -> tuple[bytes, Segment | None, list[Any], list[int]]:
+        """Pickle *obj*; its large buffers go by shared memory, small ones inline.
+
+        Returns:
+            ``(data, segment, layout, retired)``: *layout* has one ``(offset, nbytes)`` per
+            buffer, or, with no segment, the buffers themselves; *retired* names kept segments
+            the worker dropped (the main process drops its mapping of them).
+        """
+        buffers: list[pickle.PickleBuffer] = []
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+        pickler.dispatch_table = _dispatch_table()
+        pickler.dump(obj)
+        data = out.getvalue()
+        if not buffers:
+            return data, None, [], self._told()
+        raws = [b.raw() for b in buffers]
+        if sum(r.nbytes for r in raws) < INLINE_LIMIT:
+            return data, None, [bytearray(r) for r in raws], self._told()  # writable on arrival
+        if self.reserved is not None:
+            placed = self._place(raws)
+            if placed is not None:
+                used, self.reserved = self.reserved, None
+                return data, (None, used, self.sizes[used]), placed, self._told()
+            self.unreserve()
+        iov: list[Any] = []
+        layout: list[tuple[int, int]] = []
+        offset = 0
+        for r in raws:
+            pad = -offset % ALIGN
+            if pad:
+                iov.append(_ZEROS[:pad])
+                offset += pad
+            iov.append(r)
+            layout.append((offset, r.nbytes))
+            offset += r.nbytes
+        reuse = self._reusable(offset)
+        if reuse is not None:
+            self._copy_into(reuse, iov)
+            return data, (None, reuse, self.sizes[reuse]), layout, self._told()
+        name = f"{self.prefix}{self.count}"
+        seg_id = self.count if len(self.fds) < self.keep else -1
+        self.count += 1
+        size = capacity(offset)
+        fd = write_segment(name, iov, offset, size)
+        if seg_id < 0:
+            os.close(fd)
+        else:
+            self.fds[seg_id], self.sizes[seg_id] = fd, size
+        return data, (name, seg_id, size), layout, self._told()
+
+    def _told(self) -> list[int]:
+        """The dropped segments, to tell the main process with this result."""
+        out, self.retired = self.retired, []
+        return out
+
+    def _reusable(self, total: int) -> int | None:
+        """The smallest free kept segment that fits *total* bytes (taken off the free set).
+
+        When none fits and no more may be kept, the smallest free one is dropped to make room.
+        """
+        fits = [i for i in self.free if self.sizes[i] >= total]
+        if fits:
+            best = min(fits, key=self.sizes.__getitem__)
+            self.free.discard(best)
+            return best
+        if self.free and len(self.fds) >= self.keep:
+            drop = min(self.free, key=self.sizes.__getitem__)
+            self.free.discard(drop)
+            self._drop(drop)
+            self.retired.append(drop)
+        return None
+
+    def _place(self, raws: list[memoryview]) -> list[tuple[int, int]] | None:
+        """The layout of *raws* in the reserved segment: buffers `empty` made there stay put,
+        the others are copied after them. None when they don't all fit."""
+        import numpy as np
+
+        seg_id = self.reserved
+        assert seg_id is not None
+        mm = self._mapping(seg_id)
+        base = np.frombuffer(mm, np.uint8)
+        lo = base.ctypes.data
+        layout: list[tuple[int, int]] = []
+        copies: list[tuple[int, memoryview]] = []
+        end = self.cursor
+        for r in raws:
+            addr = np.frombuffer(r, np.uint8).ctypes.data if r.nbytes else 0
+            if lo <= addr and addr + r.nbytes <= lo + self.cursor:
+                layout.append((addr - lo, r.nbytes))
+                continue
+            start = end + (-end % ALIGN)
+            end = start + r.nbytes
+            if end > self.sizes[seg_id]:
+                return None
+            layout.append((start, r.nbytes))
+            copies.append((start, r))
+        for start, r in copies:
+            mm[start : start + r.nbytes] = r
+        return layout
+
+    def _mapping(self, seg_id: int) -> mmap.mmap:
+        """The worker's mapping of a kept segment, populated at once: one call instead of a
+        fault per page."""
+        mm = self.maps.get(seg_id)
+        if mm is None:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = self.maps[seg_id] = mmap.mmap(self.fds[seg_id], self.sizes[seg_id], flags=flags)
+        return mm
+
+    def _copy_into(self, seg_id: int, iov: list[Any]) -> None:
+        mm = self._mapping(seg_id)
+        pos = 0
+        for chunk in iov:
+            view = memoryview(chunk).cast("B")
+            mm[pos : pos + view.nbytes] = view
+            pos += view.nbytes
+
+    def _drop(self, seg_id: int) -> None:
+        mm = self.maps.pop(seg_id, None)
+        if mm is not None:
+            with contextlib.suppress(BufferError):  # an array of the user's still uses it
+                mm.close()
+        os.close(self.fds.pop(seg_id))
+        del self.sizes[seg_id]
+
+    def close(self) -> None:
+        _alloc.uninstall(self.empty)
+        for seg_id in list(self.fds):
+            self._drop(seg_id)
+        self.free.clear()
