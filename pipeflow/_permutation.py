@@ -38,6 +38,7 @@ changes every shuffled epoch and would be announced as a breaking change.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -46,7 +47,7 @@ import numpy.typing as npt
 
 from pipeflow._random import seed_sequence_state, seed_words
 
-__all__ = ["ROUNDS", "Permutation"]
+__all__ = ["ROUNDS", "Permutation", "Permuted", "round_keys"]
 
 #: Feistel rounds (half-updates): each half is updated four times.
 ROUNDS = 8
@@ -269,6 +270,20 @@ class Permutation:
         nanoseconds per index on top of computing it.
         """
         return chain.from_iterable(map(_tolist, self.blocks(start, stop, step)))
+
+
+@dataclass(frozen=True)
+class Permuted:
+    """A fact a full shuffle publishes for the next stage: its input is ``permutation()``'s
+    indices, position by position (see :class:`pipeflow.Context`'s ``facts``)."""
+
+    n: int
+    seed: int
+    epoch: int
+
+    def permutation(self) -> Permutation:
+        """The permutation itself."""
+        return Permutation(self.n, self.seed, self.epoch)
 
 
 def _tolist(block: npt.NDArray[np.int64]) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import subprocess
 import sys
@@ -99,13 +100,37 @@ def test_shuffle_permutation_golden() -> None:
     e1 = list(loader)
     assert e0 == GOLDEN_42[0]
     assert e1 == GOLDEN_42[1]
+    items = pf.from_iterable([f"x{i}" for i in range(10)]) | pf.shuffle(seed=42)
+    assert list(items) == [f"x{i}" for i in GOLDEN_42[0]]  # read, then the same order
 
 
-# shuffle(seed=42) over range(10): numpy PCG64 seeded by SeedSequence([42, 0, epoch]).
+# shuffle(seed=42) over range(10): the keyed bijection of pipeflow._permutation (issue 16;
+# numpy's Generator.permutation before). Pinned since.
 GOLDEN_42 = {
-    0: [5, 6, 0, 7, 3, 2, 4, 9, 1, 8],
-    1: [7, 3, 2, 5, 1, 8, 9, 0, 6, 4],
+    0: [0, 3, 7, 8, 9, 6, 2, 5, 1, 4],
+    1: [2, 1, 5, 9, 8, 0, 6, 7, 4, 3],
 }
+
+
+@pytest.mark.parametrize(
+    ("n", "seed", "epoch", "head"),
+    [
+        (1000, 7, 0, [13, 49, 796, 348, 468, 811, 327, 277]),
+        (10**6, 7, 3, [867434, 484252, 560431, 694284, 601883, 187562]),
+        (10**9, 2**64 - 1, 0, [534250620, 270361468, 678316837, 415667600, 704276064]),
+    ],
+)
+def test_shuffle_golden_sizes(n: int, seed: int, epoch: int, head: list[int]) -> None:
+    loader = pf.indices(n) | pf.shuffle(seed=seed)
+    loader.set_epoch(epoch)
+    assert list(itertools.islice(loader, len(head))) == head
+
+
+def test_shard_after_shuffle_golden() -> None:
+    # Rank 2 of 4 over 13 shuffled indices: positions 2, 6, 10 and 14 (padding: position 1).
+    order = list(pf.indices(13) | pf.shuffle(seed=5))
+    assert list(pf.indices(13) | pf.shuffle(seed=5) | pf.shard(2, 4)) == [12, 9, 5, 10]
+    assert [order[p % 13] for p in (2, 6, 10, 14)] == [12, 9, 5, 10]
 
 
 @given(n=lengths, seed=seeds, buffer=st.integers(1, 50), epoch=epochs)
