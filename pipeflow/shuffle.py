@@ -121,12 +121,11 @@ def _permute_torch(
 def _draw_torch(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[Any]]:
     import torch
 
-    n = context.positions
-    pool = list(items) if n is None else None  # over positions, the order is the output
+    pool = list(items) if context.positions is None else None  # positions: the order is all
     g = torch.Generator()
     g.manual_seed(seed + context.epoch)  # DistributedSampler's draw
-    order = torch.randperm(len(pool) if pool is not None else n, generator=g)
-    tail = order[context.start :].tolist()
+    n = len(pool) if pool is not None else context.positions or 0
+    tail = torch.randperm(n, generator=g)[context.start :].tolist()
     yield tail if pool is None else map(pool.__getitem__, tail)
 
 
