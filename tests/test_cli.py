@@ -77,7 +77,7 @@ def test_readme_tour_runs() -> None:
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
 
 
 def test_readme_opens_with_the_two_commands() -> None:
