@@ -230,6 +230,44 @@ def test_draws_after_a_shard_survive_resume_and_workers() -> None:
     assert head + list(resumed) == want
 
 
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_draws_inside_parallel_map_after_a_shard_equal_those_outside(backend: str) -> None:
+    def ranks(inner: bool, workers: int) -> list[list[Any]]:
+        out = []
+        for r in range(3):
+            loader = pf.indices(20) | pf.shuffle(seed=1) | pf.shard(r, 3)
+            if inner:
+                augment = pf.random_map(draw, seed=0)
+                loader = loader | pf.parallel_map(augment, workers=workers, backend=backend)
+            else:
+                loader = loader | pf.random_map(draw, seed=0)
+            out.append(list(loader))
+        return out
+
+    assert ranks(True, 2) == ranks(True, 0) == ranks(False, 0)
+
+
+def test_a_kept_pool_follows_a_new_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rank is found at each pass (here from RANK / WORLD_SIZE): a persistent pool whose
+    # workers hold the old numbering is replaced.
+    augment = pf.random_map(draw, seed=0)
+    loader = (
+        pf.indices(12)
+        | pf.shard()
+        | pf.parallel_map(augment, workers=2, backend="thread", persistent=True)
+    )
+    with loader:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader.set_epoch(0)
+        rank0 = list(loader)
+        monkeypatch.setenv("RANK", "1")
+        loader.set_epoch(0)
+        rank1 = list(loader)
+    expected = list(pf.indices(12) | pf.random_map(draw, seed=0))
+    assert rank0 == expected[0::2] and rank1 == expected[1::2]
+
+
 def _plus_one(i: int) -> int:
     return i + 1
 

@@ -31,10 +31,18 @@ def describe_item(item: Any, seq: int) -> dict[str, Any]:
 class MapJob:
     """Apply a function, or a one-to-one stage, to one item at a time."""
 
-    def __init__(self, fn: Callable[[Any], Any] | Stage[Any, Any], name: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any] | Stage[Any, Any],
+        name: str,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
         self.fn = fn
         self.name = name
         self.stages = fn.stages if isinstance(fn, Stage) else None
+        # What the stages above told this pass (how a shard numbers its items, so that a
+        # random_map in the workers keys its draws as one in the loader would).
+        self.facts = facts or {}
 
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""
@@ -54,7 +62,7 @@ class MapJob:
                 annotate(e, self.name, epoch, **describe_item(item, seq))
                 raise
         failed: list[str] = []
-        context = Context(epoch, offset=seq)  # the item's position in the pass
+        context = Context(epoch, offset=seq, facts=self.facts)  # the item's position
         it: Iterator[Any] = iter((item,))
         for s in self.stages:
             it = _track(s.apply(it, context), s.name, failed)
