@@ -72,6 +72,8 @@ def _pipeflow(case: str, n: int, world: int) -> tuple[Any, int]:
 
         return (lambda: Permutation(n, 0, 0).stream()), n
     if case == "torchgen":  # shuffle(generator="torch"): DistributedSampler's draw, materialised
+        import torch  # noqa: F401  (a training script has imported it: not part of the time)
+
         loader = pf.indices(n) | pf.shuffle(seed=0, generator="torch")
         loader.set_stats(False)
         return (lambda: iter(loader)), n
