@@ -236,8 +236,9 @@ class Permutation:
         """The indices at positions ``start, start + step, ...`` below *stop*, in blocks.
 
         *stop* defaults to ``n``; positions from ``n`` on wrap around to the epoch's start
-        (``p % n``), as padding the shares of ranks does. Blocks hold 65536 indices; when
-        there are more, the first block is small, so the first index comes in microseconds.
+        (``p % n``), as padding the shares of ranks does. Blocks hold up to 65536 indices;
+        when there are more, the first ones are small (1024, then 4x more each), so the first
+        index comes in microseconds.
 
         Raises:
             ValueError: if *start* < 0 or *step* < 1, or positions wrap around an empty range.
@@ -252,8 +253,8 @@ class Permutation:
         return self._blocks(start, stop, step)
 
     def _blocks(self, start: int, stop: int, step: int) -> Iterator[npt.NDArray[np.int64]]:
-        # A small first block brings the first index at once; an order that fits in one
-        # block is computed in one go (fewer numpy calls for a small epoch).
+        # Small first blocks bring the first indices at once (growing 4x up to _BLOCK); an
+        # order that fits in one block is computed in one go (fewer numpy calls).
         size = _BLOCK if -(-(stop - start) // step) <= _BLOCK else _FIRST_BLOCK
         dtype = np.uint64 if stop > 2**32 else self._dtype
         while start < stop:
@@ -263,7 +264,7 @@ class Permutation:
             if end > self.n:
                 positions %= dtype(self.n)
             yield self._permute(positions.astype(self._dtype, copy=False)).astype(np.int64)
-            start, size = end, _BLOCK
+            start, size = end, min(4 * size, _BLOCK)  # 1024, 4096, 16384, 65536, ...
 
     def stream(self, start: int = 0, stop: int | None = None, step: int = 1) -> Iterator[int]:
         """The indices of :meth:`blocks`, one Python ``int`` at a time.
