@@ -23,7 +23,8 @@ sampler's. torch's samplers turn the whole permutation into a Python list first:
 is about 4 GB and runs only when the machine has the memory (``--torch-max``).
 
 Run: ``python -m benchmarks.billion [--quick] [--markdown]`` from the repository root.
-``--quick`` measures 10**6, 10**7 and 10**9 (pipeflow) in about a minute.
+``--quick`` measures 10**6, 10**7 and 10**9 (pipeflow) in about a minute; ``--goals 5`` only
+the issue's done-when at 10**9, five times each, and prints the medians.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def child(impl: str, case: str, n: int, world: int) -> dict[str, Any]:
     collections.deque(itertools.islice(it, FIRST - 1), maxlen=0)
     first_k = time.perf_counter() - wall
     peak_k = _status("VmHWM") - base
-    counted = min(length, PREFIX)
+    counted = min(length, int(os.environ.get("BILLION_PREFIX", PREFIX)))
     collections.deque(itertools.islice(it, counted - FIRST), maxlen=0)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {
@@ -143,8 +144,9 @@ def child(impl: str, case: str, n: int, world: int) -> dict[str, Any]:
     }
 
 
-def measure(impl: str, case: str, n: int, world: int = 64) -> dict[str, Any]:
+def measure(impl: str, case: str, n: int, world: int = 64, prefix: int = PREFIX) -> dict[str, Any]:
     env = {
+        "BILLION_PREFIX": str(prefix),
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
@@ -286,13 +288,52 @@ def run(quick: bool) -> list[Row]:
     return rows
 
 
+#: The issue's done-when, for n = 10**9: (case, world, metric, bound, higher is better).
+GOALS = [
+    ("epoch", 1, "first_10k_s", 0.1, False),
+    ("epoch", 1, "peak_10k_mb", 20, False),
+    ("shard", 8, "first_10k_s", 0.1, False),
+    ("shard", 8, "peak_10k_mb", 20, False),
+    ("resume", 1, "first_s", 0.1, False),
+    ("resume", 1, "first_10k_s", 0.1, False),
+    ("stream", 1, "rate_cpu", 10e6, True),
+    ("stream", 1, "rate_wall", 10e6, True),
+]
+
+
+def goals(reps: int) -> str:
+    """Measure the done-when *reps* times (fresh processes, 5 million indices each)."""
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for _ in range(reps):
+        for case, world in dict.fromkeys((c, w) for c, w, *_ in GOALS):
+            runs.setdefault((case, world), []).append(
+                measure("pipeflow", case, 10**9, world, prefix=5_000_000)
+            )
+    lines = [f"done-when at n = 10**9, medians of {reps} fresh processes:"]
+    for case, world, metric, bound, higher in GOALS:
+        values = sorted(r[metric] for r in runs[(case, world)])
+        mid = values[len(values) // 2]
+        ok = mid >= bound if higher else mid < bound
+        what = f"{case} (rank of {world})" if world > 1 else case
+        lines.append(
+            f"  {what:<20} {metric:<12} median {mid:>14,.4f} (min {values[0]:,.4f}, "
+            f"max {values[-1]:,.4f})  {'>=' if higher else '<'} {bound:,}  "
+            f"{'met' if ok else 'NOT MET'}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--torch-max", type=int, default=10**8, help="largest n for torch")
+    parser.add_argument("--goals", type=int, metavar="REPS", help="only the done-when, REPS times")
     parser.add_argument("--child", nargs=4, metavar=("IMPL", "CASE", "N", "WORLD"))
     args = parser.parse_args(argv)
+    if args.goals:
+        print(goals(args.goals))
+        return 0
     if args.child:
         impl, case, n, world = args.child
         print(json.dumps(child(impl, case, int(n), int(world))))
