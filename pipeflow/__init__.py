@@ -24,6 +24,7 @@ from pipeflow.device import pin_memory, to_device
 from pipeflow.distributed import shard
 from pipeflow.errors import PipeflowError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from pipeflow.fetch import fetch
+from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.progress import progress
@@ -40,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",
+    "ErrorBudgetExceeded",
     "Loader",
     "PipeflowError",
     "SharedList",
@@ -57,6 +59,7 @@ __all__ = [
     "from_iterable",
     "from_sampler",
     "get_worker_info",
+    "ignore_errors",
     "indices",
     "map",
     "parallel_map",

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from pipeflow._context import Context, Hooks
+from pipeflow._failure import Failure
 from pipeflow.errors import annotate
-from pipeflow.state import Delivery, Progress, plan
+from pipeflow.state import Progress, plan
 
 __all__ = ["run"]
 
@@ -62,7 +64,14 @@ def run(
             it = source.iterate(first)
         if skipped and not seekable:
             it = itertools.islice(it, skipped, None)
-        chain.append(_watch(it, name, epoch, None, recs[0], waits if not stages else None))
+        # Failures go around the stages that don't take them: set aside by the watcher
+        # before the stage, out before the stage's next item (see pipeflow._failure).
+        stashes: list[deque[Failure] | None] = [
+            None if s.failures == "pass" else deque() for s in stages
+        ]
+        first_stash = stashes[0] if stages else None
+        waits0 = None if stages else waits
+        chain.append(_watch(it, name, epoch, None, recs[0], waits0, None, None, first_stash))
         keys: list[Any] | None = None  # what the last dataset-reading stage was given
         cut = dict(skip.cut) if skip else {}
         starts = dict(skip.start) if skip else {}
@@ -79,21 +88,25 @@ def run(
             if s.dataset is not None:  # the next stages' errors name the keys it read
                 keys = [None]
                 upstream = _remember(upstream, keys)
-            hooks = Hooks(recs[i + 1], extras.get(i), None, resources.setdefault(i, {}))
-            if s.resumption(0, context).kind == "recorded":
-                delivery = Delivery(context.offset, extras.get(i, frozenset()))
-                progress.deliveries[i] = delivery
-                hooks.delivered = delivery.order
+            kept = s.new_record(context, extras.get(i))  # what state_dict() will need
+            if kept is not None:
+                progress.deliveries[i] = kept
+            hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(i, {}))
             it = s.apply(upstream, context, hooks)
             if i in cut:
                 it = itertools.islice(it, cut[i], None)
             last = i == len(stages) - 1
-            chain.append(_watch(it, name, epoch, keys, recs[i + 1], waits if last else None))
+            stash = None if last else stashes[i + 1]
+            divert = stash if s.failures != "bypass" else None  # can its items be failures?
+            waits_i = waits if last else None
+            chain.append(
+                _watch(it, name, epoch, keys, recs[i + 1], waits_i, stashes[i], divert, stash)
+            )
     except Exception as e:
         annotate(e, name, epoch)
         _close_all(chain)
         raise
-    return _deliver(chain, progress, record)
+    return _Pass(chain, progress, record)
 
 
 def _contexts(source: Any, stages: tuple[Any, ...], epoch: int, base_seed: Any) -> list[Context]:
@@ -101,9 +114,10 @@ def _contexts(source: Any, stages: tuple[Any, ...], epoch: int, base_seed: Any) 
     n = source.length()
     context = Context(epoch, positions=source.positions(), base_seed=base_seed)
     out = []
-    for s in stages:
+    for i, s in enumerate(stages):
         n = None if n is None else s.length(n)
-        context = replace(context, total=n)
+        ignoring = tuple(t for later in stages[i + 1 :] for t in later.drops_failures())
+        context = replace(context, total=n, ignoring=ignoring)
         out.append(context)
         after = s.context_after(context)
         facts = after.facts
@@ -115,21 +129,57 @@ def _contexts(source: Any, stages: tuple[Any, ...], epoch: int, base_seed: Any) 
     return out
 
 
-def _deliver(chain: list[Iterator[Any]], progress: Progress, record: Any) -> Iterator[Any]:
-    """Yield the last stage's items, counting them for ``state_dict()``."""
-    clock = time.perf_counter_ns
-    start = clock()
-    if record is not None:
-        record.passes += 1
-    try:
-        for item in chain[-1]:
-            progress.delivered += 1
-            yield item
-        progress.done = True
-    finally:
-        if record is not None:
-            record.wall_ns += clock() - start
-        _close_all(chain)
+class _Pass:
+    """The consumer's iterator: the last stage's items, a failed one raised at its turn.
+
+    A class, not a generator: a generator that raised is finished, and the next ``next()``
+    must go on with the next item. Counts what it hands out for ``state_dict()``.
+    """
+
+    __slots__ = ("__weakref__", "chain", "closed", "progress", "record", "started")
+
+    def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
+        self.chain = chain
+        self.progress = progress
+        self.record = record
+        self.started = 0
+        self.closed = False
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> Any:
+        if self.closed:
+            raise StopIteration
+        if not self.started:
+            self.started = time.perf_counter_ns()
+            if self.record is not None:
+                self.record.passes += 1
+        try:
+            item = next(self.chain[-1])
+        except StopIteration:
+            self.progress.done = True
+            self.close()
+            raise
+        except BaseException:
+            self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
+            raise
+        self.progress.delivered += 1
+        if item.__class__ is Failure:
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        """Stop the pass: close every stage's iterator, release what they hold."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.started and self.record is not None:
+            self.record.wall_ns += time.perf_counter_ns() - self.started
+        _close_all(self.chain)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _close_all(chain: list[Iterator[Any]]) -> None:
@@ -146,73 +196,106 @@ def _watch(
     keys: list[Any] | None,
     rec: Any,
     waits: Any,
+    bypassed: deque[Failure] | None,
+    divert: deque[Failure] | None,
+    stash: deque[Failure] | None,
 ) -> Iterator[Any]:
-    """Pass items through: count them, time a sample, name the stage in any exception.
+    """Pass a stage's items on: count them, time a sample, turn an exception into a failure.
 
     An item's time runs from the moment the stage below asks for it until it is handed over.
     Items are timed in windows of ``_WINDOW`` timed items: the first window times every item;
     after a window whose items took less than ``_TIME_ALL_NS`` on average, about one item in
     64 is timed, standing for the items since the last one timed. So slow items (batches) are
-    all timed, and fast ones (indices) cost a count and a test each. After a dataset-reading
-    stage, *keys* holds the key it read last: the note then names those sample indices.
+    all timed, and fast ones (indices) cost a count and a test each.
+
+    An exception from the stage gets a note naming the stage (after a dataset-reading stage,
+    *keys* holds the key it read last: the note names those sample indices) and goes on as a
+    :class:`~pipeflow._failure.Failure`; then the stage is asked for its next item (a
+    ``map`` goes on, a generator that raised is finished). Failures that went around this
+    stage (*bypassed*) go out before its next item. When the next stage does not take
+    failures, they go to its *stash* instead of to it: *divert* is that stash when this stage
+    can yield failures as items, ``None`` when it never does (no test per item then).
     """
     n = 0
+    clock = time.perf_counter_ns
+    busy = 0  # estimated ns, not yet written to the record
+    flushed = 0
+    gap = 1  # the items the next timed one stands for: 1 while every item is timed
+    sampling = False
+    countdown = 1
+    window = window_ns = 0  # timed items (and their time) in the current window
+    timing = rec is not None
+    t = clock()
+    next_flush = t + _FLUSH_NS
     try:
-        if rec is None:
-            for item in it:
+        while True:
+            try:
+                for item in it:
+                    if timing:
+                        now = clock()
+                        span = now - t
+                        busy += span * gap
+                        if waits is not None:
+                            waits.append(span)
+                        window += 1
+                        window_ns += span
+                        if window == _WINDOW:  # sample the next window if these were fast
+                            sampling = window_ns < _TIME_ALL_NS * _WINDOW
+                            window = window_ns = 0
+                        if now >= next_flush:
+                            rec.busy_ns += busy
+                            rec.items += n + 1 - flushed
+                            busy, flushed, next_flush = 0, n + 1, now + _FLUSH_NS
+                            rec.sample(now)
+                        gap = countdown = _GAPS[window & 7] if sampling else 1
+                    n += 1
+                    if bypassed:  # failures that went around this stage come first
+                        yield from _release(bypassed, stash)
+                    if divert is not None and item.__class__ is Failure:
+                        divert.append(item)
+                    else:
+                        yield item
+                    if rec is not None:
+                        countdown -= 1
+                        timing = not countdown
+                        if timing:
+                            t = clock()
+                break
+            except Exception as e:
+                key = keys[0] if keys is not None else None
+                if type(key) is list:
+                    annotate(e, name, epoch, batch=key)
+                elif key is not None:
+                    annotate(e, name, epoch, index=key)
+                else:
+                    annotate(e, name, epoch, item=n)
                 n += 1
-                yield item
-            return
-        clock = time.perf_counter_ns
-        busy = 0  # estimated ns, not yet written to the record
-        flushed = 0
-        gap = 1  # the items the next timed one stands for: 1 while every item is timed
-        sampling = False
-        countdown = 1
-        window = window_ns = 0  # timed items (and their time) in the current window
-        timing = True
-        t = clock()
-        next_flush = t + _FLUSH_NS
-        try:
-            for item in it:
-                if timing:
-                    now = clock()
-                    span = now - t
-                    busy += span * gap
-                    if waits is not None:
-                        waits.append(span)
-                    window += 1
-                    window_ns += span
-                    if window == _WINDOW:  # sample the next window if these were fast
-                        sampling = window_ns < _TIME_ALL_NS * _WINDOW
-                        window = window_ns = 0
-                    if now >= next_flush:
-                        rec.busy_ns += busy
-                        rec.items += n + 1 - flushed
-                        busy, flushed, next_flush = 0, n + 1, now + _FLUSH_NS
-                        rec.sample(now)
-                    gap = countdown = _GAPS[window & 7] if sampling else 1
-                n += 1
-                yield item
-                countdown -= 1
-                timing = not countdown
-                if timing:
-                    t = clock()
-            if timing:
-                busy += clock() - t
-        finally:
+                indices = key if type(key) is list else [] if key is None else [key]
+                failure = Failure(e, indices)
+                if stash is not None:
+                    stash.append(failure)
+                else:
+                    yield failure
+                timing, countdown, t = rec is not None, 1, clock()
+        if bypassed:
+            yield from _release(bypassed, stash)
+        if timing:
+            busy += clock() - t
+    finally:
+        if rec is not None:
             rec.busy_ns += busy
             rec.items += n - flushed
             rec.sample(clock())
-    except Exception as e:
-        key = keys[0] if keys is not None else None
-        if type(key) is list:
-            annotate(e, name, epoch, batch=key)
-        elif key is not None:
-            annotate(e, name, epoch, index=key)
+
+
+def _release(bypassed: deque[Failure], stash: deque[Failure] | None) -> Iterator[Failure]:
+    """The failures that went around a stage: on to the next stash, or out."""
+    while bypassed:
+        failure = bypassed.popleft()
+        if stash is not None:
+            stash.append(failure)
         else:
-            annotate(e, name, epoch, item=n)
-        raise
+            yield failure
 
 
 def _remember(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:

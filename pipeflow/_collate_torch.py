@@ -1,9 +1,8 @@
-"""Turn a list of samples into a batch: drop-in, faster versions of torch's collate functions.
+"""``default_collate``: a drop-in, faster ``torch.utils.data.default_collate``.
 
-`default_collate` and `default_convert` give the same results as
-``torch.utils.data.default_collate`` and ``torch.utils.data.default_convert``: the same
-structure, Python types, tensor dtypes and values, and the same exception types for what torch
-rejects. They differ in speed, in two messages, and in one case that torch refuses:
+Same structure, Python types, tensor dtypes and values (``default_convert``, in
+:mod:`pipeflow._convert`, likewise), and the same exception types for what torch rejects;
+different in speed, in two messages, and in one case that torch refuses:
 
 - Dispatch looks up the exact type of the first element in a table before falling back to
   torch's ``isinstance`` order, so subclasses resolve exactly as they do in torch.
@@ -17,7 +16,7 @@ rejects. They differ in speed, in two messages, and in one case that torch refus
 - Arrays with negative strides (``a[::-1]``) are collated; torch raises ``ValueError`` for
   them when they take its route, because it cannot view them without a copy.
 
-torch is imported on the first call, not when this module is imported.
+torch is imported on the first call, not at import.
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ class Context:
             (:meth:`pipeflow.Stage.context_after`), such as how a shard numbers its items.
             ``facts["input"]`` describes this stage's input alone: the loader drops it
             after one stage, unless that stage publishes it anew.
+        ignoring: the exception types a later ``ignore_errors`` drops: a stage that can
+            drop a part of an item (``fetch``: one failed sample of a batch) drops only that
+            part, and marks it as dropped.
     """
 
     epoch: int
@@ -50,6 +53,7 @@ class Context:
     total: int | None = None
     base_seed: int | Callable[[], int] | None = None
     facts: Mapping[str, Any] = field(default_factory=lambda: _NO_FACTS)
+    ignoring: tuple[type[BaseException], ...] = ()
 
 
 class Hooks:
@@ -60,22 +64,22 @@ class Hooks:
             ``None`` when recording is off.
         resume: what a resumed pass tells a stage that delivers out of order (the numbers of
             the items it delivered past the resume point), or ``None``.
-        delivered: where such a stage records the numbers of the items it delivers, in
-            delivery order, for ``state_dict()``; ``None`` when nobody asks.
+        record: what the stage records in this pass for ``state_dict()`` (the object its
+            :meth:`~pipeflow.Stage.new_record` made), or ``None``.
         resources: things the stage keeps across the loader's passes (a persistent worker
             pool), by key; the loader closes them in ``close()``.
     """
 
-    __slots__ = ("delivered", "resources", "resume", "stats")
+    __slots__ = ("record", "resources", "resume", "stats")
 
     def __init__(
         self,
         stats: Any = None,
         resume: frozenset[int] | None = None,
-        delivered: list[int] | None = None,
+        record: Any = None,
         resources: dict[Any, Any] | None = None,
     ) -> None:
         self.stats = stats
         self.resume = resume
-        self.delivered = delivered
+        self.record = record
         self.resources = {} if resources is None else resources

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, overload
 
+from pipeflow import _checks
 from pipeflow._stage import LengthRule, Stage, _takes_keyword
 
 __all__ = ["stage"]
@@ -91,6 +92,10 @@ def _make_factory(
             "positional parameter"
         )
         raise TypeError(msg)
+    if name is not None and not isinstance(name, str):
+        msg = f"@stage: name must be a string or None (got {name!r})"
+        raise TypeError(msg)
+    _checks.boolean("@stage", "positional", positional)
     if length is not None and length != "same" and not callable(length):
         msg = f"@stage: length must be 'same', a function or None (got {length!r})"
         raise TypeError(msg)

@@ -1,14 +1,17 @@
 """Seeds: every random choice comes from one derivation of an explicit seed and its keys.
 
-Every random stream pipeflow makes is keyed by ``(seed, *keys)`` — the keys being the epoch,
-then what the stream is for: an item's position in the epoch, a worker's id — through numpy's
-``SeedSequence`` over the words ``[seed % 2**32, seed >> 32, *keys]``
-(:func:`seed_words`). numpy generators are ``PCG64(SeedSequence(words))``
-(:func:`numpy_rng`); every other generator (Python's ``random.Random``, a ``torch.Generator``,
-the workers' base seed) is seeded with the 64-bit integer made of the first two words of
-that sequence's state (:func:`derive`). The words are computed in pure Python, so a fresh
-worker need not import ``numpy.random``. pipeflow keeps this derivation stable across its
-releases: a change would be announced as breaking.
+Every random stream pipeflow makes is keyed by ``(seed, stream, epoch, ...)`` through numpy's
+``SeedSequence`` over the words ``[seed % 2**32, seed >> 32, stream, epoch, ...]``
+(:func:`seed_words`). *stream* says what the draws are for — :data:`SHUFFLE` (a full
+shuffle's order), :data:`BUFFER_SHUFFLE`, :data:`WORKERS` (the workers' base seed),
+:data:`ITEM` (one item's generator, then its position) — so that two stages given the same
+seed never share draws (``SeedSequence`` pads short inputs with zeros: without the word,
+``(seed, epoch)`` and ``(seed, epoch, 0)`` would be one stream). numpy generators are
+``PCG64(SeedSequence(words))`` (:func:`numpy_rng`); every other generator (Python's
+``random.Random``, a ``torch.Generator``, the workers' base seed) is seeded with the 64-bit
+integer made of the first two words of that sequence's state (:func:`derive`). The words are
+computed in pure Python, so a fresh worker need not import ``numpy.random``. pipeflow keeps
+this derivation stable across its releases: a change would be announced as breaking.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BUFFER_SHUFFLE",
+    "ITEM",
+    "SHUFFLE",
+    "WORKERS",
     "check_seed",
     "derive",
     "fresh_seed",
@@ -30,6 +37,9 @@ __all__ = [
 ]
 
 _MAX_SEED = 2**64 - 1
+
+#: What a stream is for: the first key of every stream (see the module's text).
+SHUFFLE, BUFFER_SHUFFLE, WORKERS, ITEM = 1, 2, 3, 4
 
 
 def fresh_seed() -> int:

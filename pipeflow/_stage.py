@@ -60,6 +60,12 @@ class Stage(Generic[In, Out]):
             (replay them) otherwise. :meth:`resumption` answers from it.
         dataset: the dataset this stage reads by key (``fetch``): errors in the stages
             after it name the sample indices, and workers report it in ``WorkerInfo``.
+        failures: how the stage meets failed items (see :mod:`pipeflow._failure`):
+            ``"bypass"`` (the default: it never sees them; they go around it, out before its
+            next item), ``"mark"`` (it never sees them, but yields failures of its own as
+            values: ``fetch`` marks a failed sample), or ``"pass"`` (it gets them in its
+            input and passes them on in order, or drops them: ``parallel_map``,
+            ``pin_memory``, ``ignore_errors``).
 
     Examples:
         >>> from pipeflow import from_iterable, stage
@@ -77,6 +83,7 @@ class Stage(Generic[In, Out]):
         "_config",
         "_dataset",
         "_factory",
+        "_failures",
         "_fn",
         "_length",
         "_name",
@@ -95,8 +102,10 @@ class Stage(Generic[In, Out]):
         skip: LengthRule = None,
         factory: Callable[..., Stage[Any, Any]] | None = None,
         dataset: Any = None,
+        failures: Literal["bypass", "mark", "pass"] = "bypass",
     ) -> None:
         self._fn = fn
+        self._failures = failures
         self._factory = factory
         self._skip = skip
         self._dataset = dataset
@@ -121,6 +130,11 @@ class Stage(Generic[In, Out]):
     def stages(self) -> tuple[Stage[Any, Any], ...]:
         """The flat tuple of primitive stages this stage is made of (itself, here)."""
         return (self,)
+
+    @property
+    def failures(self) -> str:
+        """How the stage meets failed items: ``"bypass"``, ``"mark"`` or ``"pass"``."""
+        return self._failures
 
     @property
     def dataset(self) -> Any:
@@ -171,6 +185,15 @@ class Stage(Generic[In, Out]):
     def context_after(self, context: Context) -> Context:
         """The context the next stage sees (this stage may publish ``facts`` for it)."""
         return context
+
+    def new_record(self, context: Context, resume: frozenset[int] | None) -> Any:
+        """What this stage records in a pass for ``state_dict()`` (a stage whose
+        :meth:`resumption` answers ``recorded``); ``None`` for the others."""
+        return None
+
+    def drops_failures(self) -> tuple[type[BaseException], ...]:
+        """The exception types whose failed items this stage drops (``ignore_errors``)."""
+        return ()
 
     def without_torch(self) -> Stage[In, Out]:
         """This stage as a worker that has not imported torch should run it (the same one,
@@ -231,6 +254,7 @@ class Stage(Generic[In, Out]):
             self._length,
             self._skip,
             self._dataset,
+            self._failures,
         )
         return (_rebuild, state)
 
@@ -247,9 +271,12 @@ def _rebuild(
     length: LengthRule,
     skip: LengthRule = None,
     dataset: Any = None,
+    failures: Any = "bypass",
 ) -> Stage[Any, Any]:
     obj = cls.__new__(cls)
-    Stage.__init__(obj, fn, name, config, length=length, skip=skip, dataset=dataset)
+    Stage.__init__(
+        obj, fn, name, config, length=length, skip=skip, dataset=dataset, failures=failures
+    )
     return obj
 
 

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+from pipeflow import _checks
 from pipeflow._stage import Stage
 
 __all__ = ["batch", "unbatch"]
@@ -35,15 +36,8 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
         ...
         ValueError: batch: size must be at least 1 (got 0)
     """
-    if isinstance(size, bool) or not isinstance(size, int):
-        msg = f"batch: size must be an integer (got {size!r})"
-        raise TypeError(msg)
-    if size < 1:
-        msg = f"batch: size must be at least 1 (got {size})"
-        raise ValueError(msg)
-    if not isinstance(drop_last, bool):
-        msg = f"batch: drop_last must be a bool (got {drop_last!r})"
-        raise TypeError(msg)
+    size = _checks.integer("batch", "size", size, low=1)
+    _checks.boolean("batch", "drop_last", drop_last)
     config = {"size": size, "drop_last": drop_last}
     return Stage(_batch, "batch", config, length=_batch_length, skip=_batch_skip)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pipeflow import _checks
 from pipeflow._collate_torch import default_collate
 from pipeflow._convert import default_convert
 from pipeflow._stage import Stage
@@ -49,9 +50,7 @@ def collate(fn: Callable[[Any], Any] | None = None) -> Stage[Any, Any]:
     """
     if fn is None:
         return _DefaultCollate(_collate_default, "collate", length="same", skip="same")
-    if not callable(fn):
-        msg = f"collate: fn must be callable or None (got {type(fn).__name__})"
-        raise TypeError(msg)
+    _checks.function("collate", "fn", fn, optional=True)
     return Stage(_collate_with, "collate", {"fn": fn}, length="same", skip="same")
 
 

@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from pipeflow import _checks
+from pipeflow._failure import Failure
 from pipeflow._stage import Stage
 
 __all__ = ["pin_memory", "to_device"]
@@ -53,6 +55,7 @@ def pin_memory(*, prefetch: int = 2) -> Stage[T, T]:
         prefetch: batches pinned ahead of the consumer (at least 1).
 
     Raises:
+        TypeError: if *prefetch* is not an integer.
         ValueError: if *prefetch* < 1.
 
     Examples:
@@ -60,10 +63,9 @@ def pin_memory(*, prefetch: int = 2) -> Stage[T, T]:
         >>> pf.pin_memory()
         pin_memory(prefetch=2)
     """
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-        msg = f"pin_memory: prefetch must be an integer of at least 1 (got {prefetch!r})"
-        raise ValueError(msg)
-    return Stage(_pin_memory, "pin_memory", {"prefetch": prefetch}, length="same", skip="same")
+    prefetch = _checks.integer("pin_memory", "prefetch", prefetch, low=1)
+    config = {"prefetch": prefetch}
+    return Stage(_pin_memory, "pin_memory", config, length="same", skip="same", failures="pass")
 
 
 def _accelerator() -> bool:
@@ -115,7 +117,12 @@ def in_thread(
         it = iter(items)
         try:
             for item in it:
-                msg = ("item", fn(item))
+                if item.__class__ is not Failure:  # a failed item passes on, in its place
+                    try:
+                        item = fn(item)
+                    except Exception as e:  # that item failed; the next one goes on
+                        item = Failure(e)
+                msg = ("item", item)
                 while not stop.is_set():
                     try:
                         out.put(msg, timeout=_STOP_POLL)
@@ -187,9 +194,7 @@ def to_device(device: Any, *, non_blocking: bool = True) -> Stage[T, T]:
     except (RuntimeError, TypeError) as e:
         msg = f"to_device: device must be a torch device or its name (got {device!r})"
         raise ValueError(msg) from e
-    if not isinstance(non_blocking, bool):
-        msg = f"to_device: non_blocking must be a bool (got {non_blocking!r})"
-        raise TypeError(msg)
+    _checks.boolean("to_device", "non_blocking", non_blocking)
     config = {"device": str(dev), "non_blocking": non_blocking}
     return Stage(_to_device, "to_device", config, length="same", skip="same")
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._permutation import Permutation, Permuted
 from pipeflow._stage import Stage
@@ -39,17 +40,6 @@ def rank_and_world_size() -> tuple[int, int]:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return 0, 1
-
-
-def _check(name: str, value: Any, low: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"shard: {name} must be an integer or None (got {value!r})"
-        raise TypeError(msg)
-    if value < low:
-        msg = f"shard: {name} must be at least {low} (got {value})"
-        raise ValueError(msg)
 
 
 def shard(
@@ -91,14 +81,12 @@ def shard(
         >>> [list(pf.indices(10) | pf.shard(r, 3, drop_last=True)) for r in range(3)]
         [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
     """
-    _check("rank", rank, 0)
-    _check("world_size", world_size, 1)
+    rank = _checks.optional_integer("shard", "rank", rank, low=0)
+    world_size = _checks.optional_integer("shard", "world_size", world_size, low=1)
     if rank is not None and world_size is not None and rank >= world_size:
         msg = f"shard: rank must be below world_size (got rank={rank}, world_size={world_size})"
         raise ValueError(msg)
-    if not isinstance(drop_last, bool):
-        msg = f"shard: drop_last must be a bool (got {drop_last!r})"
-        raise TypeError(msg)
+    _checks.boolean("shard", "drop_last", drop_last)
     config = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
     return _Shard(_shard, "shard", config, length=_shard_length)
 

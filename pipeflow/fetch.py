@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from pipeflow._context import Context
+from pipeflow._failure import Failure
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 
@@ -42,42 +44,56 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
         msg = f"fetch: batched must be None or a bool (got {batched!r})"
         raise TypeError(msg)
     config = {"dataset": dataset, "batched": batched}
-    return Stage(_fetch, "fetch", config, length="same", skip="same", dataset=dataset)
+    return Stage(
+        _fetch, "fetch", config, length="same", skip="same", dataset=dataset, failures="mark"
+    )
 
 
-def _fetch(keys: Iterable[Any], dataset: Any, batched: bool | None, *, epoch: int) -> Iterator[Any]:
+def _fetch(
+    keys: Iterable[Any], dataset: Any, batched: bool | None, *, context: Context
+) -> Iterator[Any]:
+    """One output per key. A key whose lookup raises becomes a failure in its place (see
+    :mod:`pipeflow._failure`), and the next key goes on. In a batch read sample by sample,
+    when a later ``ignore_errors`` drops that kind of error, only the failed samples are
+    dropped (marked as dropped failures) and the batch goes on with the rest."""
     getitem = dataset.__getitem__
     getitems = getattr(dataset, "__getitems__", None) or None
-    index: Any = None
-    key: Any = None
-    try:
-        if batched is False:
-            for key in keys:
-                index = key
+    ignoring = context.ignoring
+    epoch = context.epoch
+    for key in keys:
+        index: Any = key
+        try:
+            if batched is False:
                 yield getitem(key)
-            return
-        for key in keys:
-            if type(key) is list or (batched and isinstance(key, (list, tuple, range))):
-                if getitems is not None:
+            elif type(key) is list or (batched and isinstance(key, (list, tuple, range))):
+                if getitems is not None:  # one call for the batch: it fails as a whole
                     index = None
                     yield getitems(key)
                     continue
                 out: list[Any] = []
-                append = out.append
+                dropped: list[Failure] = []
                 for index in key:
-                    append(getitem(index))
+                    try:
+                        out.append(getitem(index))
+                    except ignoring as e:  # only the sample: a shorter batch
+                        _note(e, dataset, index, key, epoch)
+                        dropped.append(Failure(e, [index], dropped=True))
                 yield out
+                yield from dropped  # counted by ignore_errors, after the batch they left
             elif batched:
                 msg = f"fetch: batched=True expects lists of indices (got {type(key).__name__})"
                 raise TypeError(msg)
             else:
-                index = key
                 yield getitem(key)
-    except Exception as e:
-        batch = key if type(key) is list else None
-        hint = _length_hint(dataset, index) if isinstance(e, IndexError) else ""
-        annotate(e, "fetch", epoch, index=index, batch=batch, extra=hint)
-        raise
+        except Exception as e:
+            _note(e, dataset, index, key, epoch)
+            yield Failure(e, key if type(key) is list else [index])
+
+
+def _note(e: BaseException, dataset: Any, index: Any, key: Any, epoch: int) -> None:
+    batch = key if type(key) is list else None
+    hint = _length_hint(dataset, index) if isinstance(e, IndexError) else ""
+    annotate(e, "fetch", epoch, index=index, batch=batch, extra=hint)
 
 
 def _length_hint(dataset: Any, index: Any) -> str:

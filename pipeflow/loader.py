@@ -6,6 +6,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, overload
 
+from pipeflow import _checks
 from pipeflow._chain import run
 from pipeflow._context import Context
 from pipeflow._stage import Stage
@@ -145,10 +146,7 @@ class Loader(Generic[Out]):
         Raises:
             ValueError: if *epoch* is negative.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            msg = f"epoch must be an integer of at least 0 (got {epoch!r})"
-            raise ValueError(msg)
-        self._next_epoch = epoch
+        self._next_epoch = _checks.integer("set_epoch", "epoch", epoch, low=0)
         self._next = {}
         if self._progress is not None:
             self._progress.superseded = True

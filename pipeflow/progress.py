@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._stage import Stage
 
@@ -44,16 +45,8 @@ def progress(
     if not isinstance(unit, str):
         msg = f"progress: unit must be a string (got {unit!r})"
         raise TypeError(msg)
-    if total is not None:
-        if isinstance(total, bool) or not isinstance(total, int):
-            msg = f"progress: total must be an integer or None (got {total!r})"
-            raise TypeError(msg)
-        if total < 0:
-            msg = f"progress: total must be at least 0 (got {total})"
-            raise ValueError(msg)
-    if not isinstance(force, bool):
-        msg = f"progress: force must be a bool (got {force!r})"
-        raise TypeError(msg)
+    total = _checks.optional_integer("progress", "total", total, low=0)
+    _checks.boolean("progress", "force", force)
     config = {"desc": desc, "unit": unit, "total": total, "force": force}
     return Stage(_progress, "progress", config, length="same", skip="same")
 
@@ -74,9 +67,12 @@ def _progress(
         return
     from tqdm.auto import tqdm
 
+    class _Bar(tqdm):  # type: ignore[misc]
+        monitor_interval = 0  # no monitor thread, which tqdm keeps after the last bar closes
+
     if total is None:
         total = context.total
-    bar: Any = tqdm(
+    bar: Any = _Bar(
         total=total,
         initial=context.offset,
         desc=desc if desc is not None else f"epoch {context.epoch}",

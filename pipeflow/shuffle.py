@@ -8,9 +8,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._permutation import Permutation, Permuted
-from pipeflow._random import check_seed, derive, fresh_seed
+from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
 from pipeflow.state import Resume
 
@@ -24,8 +25,10 @@ def shuffle(
 ) -> Stage[T, T]:
     """Shuffle the items of every epoch, reproducibly from ``(seed, epoch)``.
 
-    Without *buffer_size* the stage reads the whole (finite) epoch and yields a uniform random
-    permutation of it: put it right after an index source, where items are small integers.
+    Without *buffer_size* the stage yields a random permutation of the whole (finite) epoch:
+    put it right after an index source. Over ``indices(n)`` it computes the index at each
+    position on its own, in constant memory (a ``shard`` after it computes only its share);
+    over other items it reads the epoch first, then yields it in the same order.
     With *buffer_size* it keeps at most that many items and yields a random one of them for
     every item read — the bounded-memory shuffle for streams; its randomness is local.
 
@@ -33,7 +36,9 @@ def shuffle(
         seed: the seed; ``None`` draws one when the stage is built and keeps it (it is in the
             repr), so a run can always be reproduced.
         buffer_size: bound on the items held, or ``None`` for a full permutation.
-        generator: ``"numpy"`` (PCG64 from ``SeedSequence([seed, epoch])``), or ``"torch"``:
+        generator: ``"numpy"`` (a keyed bijection computed per position, keyed through
+            ``SeedSequence([seed, SHUFFLE, epoch])``: see :mod:`pipeflow._permutation`; over
+            ``indices(n)`` it reads nothing and starts at once), or ``"torch"``:
             ``torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))``,
             the permutation ``DistributedSampler(seed=seed)`` draws, so
             ``indices(n) | shuffle(seed=s, generator="torch") | shard()`` gives every rank the
@@ -68,12 +73,7 @@ def shuffle(
         return _FullShuffle(_permute_torch, "shuffle", config, length="same")
     if buffer_size is None:
         return _FullShuffle(_permute, "shuffle", {"seed": seed}, length="same")
-    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int):
-        msg = f"shuffle: buffer_size must be an integer or None (got {buffer_size!r})"
-        raise TypeError(msg)
-    if buffer_size < 1:
-        msg = f"shuffle: buffer_size must be at least 1 (got {buffer_size})"
-        raise ValueError(msg)
+    buffer_size = _checks.optional_integer("shuffle", "buffer_size", buffer_size, low=1)
     return Stage(
         _buffer_shuffle, "shuffle", {"seed": seed, "buffer_size": buffer_size}, length="same"
     )
@@ -130,7 +130,7 @@ def _draw_torch(items: Iterable[T], seed: int, context: Context) -> Iterator[Ite
 
 
 def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:
-    rng = random.Random(derive(seed, epoch))
+    rng = random.Random(derive(seed, BUFFER_SHUFFLE, epoch))
     buf: list[T] = []
     randrange = rng.randrange
     for item in items:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
+from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._stage import _short
 from pipeflow.errors import PipeflowError
@@ -127,9 +128,7 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
             f"({type(sampler).__name__}); pass the sampler itself, not iter(sampler)"
         )
         raise TypeError(msg)
-    if not isinstance(set_epoch, bool):
-        msg = f"from_sampler: set_epoch must be a bool (got {set_epoch!r})"
-        raise TypeError(msg)
+    _checks.boolean("from_sampler", "set_epoch", set_epoch)
     return Loader(_FromSampler(sampler, set_epoch))
 
 

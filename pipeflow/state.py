@@ -70,7 +70,8 @@ class Resume:
 
     @staticmethod
     def recorded() -> Resume:
-        """The stage delivers out of order and records what it delivered."""
+        """The stage records in each pass what resuming it needs (see :class:`Delivery`,
+        :class:`Drops`); a state holds that record's :meth:`after`."""
         return Resume("recorded")
 
 
@@ -95,6 +96,23 @@ class Delivery:
         return {"prefix": prefix, "extras": sorted(done)}
 
 
+class Drops:
+    """What a stage that drops inputs (``ignore_errors``) did in one pass: for each input it
+    dropped, how many outputs it had yielded before. Its first *consumed* outputs then took
+    ``offset + consumed + (drops before)`` of its inputs: a resumed pass skips exactly those,
+    so a dropped item is not read again."""
+
+    __slots__ = ("before", "offset")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset  # inputs skipped before this pass (a resumed one)
+        self.before: list[int] = []
+
+    def after(self, consumed: int) -> dict[str, Any]:
+        """The stage's state once the consumer took *consumed* of this pass's outputs."""
+        return {"inputs": self.offset + consumed + sum(d <= consumed for d in self.before)}
+
+
 class Progress:
     """One pass, as resumption sees it: its epoch, where it started, what it delivered."""
 
@@ -106,7 +124,7 @@ class Progress:
         self.delivered = 0  # outputs yielded by this pass
         self.done = False  # the pass ran to its end
         self.superseded = False  # set_epoch / load_state_dict / a newer pass came after it
-        self.deliveries: dict[int, Delivery] = {}  # by stage position: out-of-order stages
+        self.deliveries: dict[int, Any] = {}  # by stage position: records (Delivery, Drops)
 
 
 @dataclass(frozen=True)
@@ -139,12 +157,12 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
     k = resume.get("position", 0)
     end = n
     extras: tuple[tuple[int, frozenset[int]], ...] = ()
-    if records:  # an out-of-order stage: skip what it had delivered, below it
-        end = min(records)
+    unordered = [i for i, r in records.items() if "prefix" in r]
+    offsets = [0] * n
+    if unordered:  # an out-of-order stage: skip what it had delivered, below it
+        end = min(unordered)
         k = records[end]["prefix"]
         extras = ((end, frozenset(records[end]["extras"])),)
-    offsets = [0] * n
-    if end < n:
         offsets[end] = k
         for j in range(end + 1, n):  # after it, what its outputs skipped, by length
             prev = offsets[j - 1]
@@ -155,7 +173,11 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
     for i in range(end - 1, -1, -1):
         if i + 1 < end:
             offsets[i + 1] = k  # stage i + 1 skips the k outputs of stage i
-        answer = stages[i].resumption(k, contexts[i])
+        saved = records.get(i)
+        if saved is not None and "inputs" in saved:  # a dropping stage said how many
+            answer = Resume.below(saved["inputs"])
+        else:
+            answer = stages[i].resumption(k, contexts[i])
         if answer.kind == "below":
             k = source_skip = answer.inputs
             continue
@@ -219,19 +241,24 @@ def take(
         epoch, position = progress.epoch + 1, 0
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
-        for index, delivery in progress.deliveries.items():
-            consumed: int | None = progress.delivered
-            for s in reversed(stages[index + 1 :]):
-                answer = s.resumption(consumed, None) if consumed is not None else None
-                consumed = answer.inputs if answer and answer.kind == "below" else None
-            if consumed is None:
-                msg = (
-                    f"state_dict: stage {stages[index].name!r} delivers out of order, "
-                    "and a stage after it is not a map or a batch, so what was consumed can't "
-                    "be told; use ordered=True, or move that stage before it"
-                )
-                raise ValueError(msg)
-            flat_stages[str(_flat_index(stages, index))] = delivery.after(consumed)
+        consumed: int | None = progress.delivered  # outputs of stage i taken, from the end
+        for i in range(len(stages) - 1, -1, -1):
+            record = progress.deliveries.get(i)
+            if record is not None:
+                if consumed is None:
+                    msg = (
+                        f"state_dict: stage {stages[i].name!r} records what it delivered, and "
+                        "a stage after it is not a map or a batch, so what was consumed can't "
+                        "be told; use ordered=True, or move that stage before it"
+                    )
+                    raise ValueError(msg)
+                saved = record.after(consumed)
+                flat_stages[str(_flat_index(stages, i))] = saved
+                consumed = saved.get("inputs")  # None above an out-of-order stage
+                continue
+            if consumed is not None:
+                answer = stages[i].resumption(consumed, None)
+                consumed = answer.inputs if answer.kind == "below" else None
     return {
         "pipeflow_state": VERSION,
         "epoch": epoch,

@@ -1,8 +1,9 @@
 """See inside a loader: per-stage counts and times, the consumer's wait, and the bottleneck.
 
-Every loader records these as it runs (two clock reads per item per stage: well under 1 % of
-a batch's time). ``loader.stats()`` returns a :class:`Stats`: plain data, whose ``str()`` is a
-table that names the bottleneck and what to try.
+Every loader records these as it runs: every item is counted; slow items (batches) are all
+timed, and of fast ones (indices) about one in 64 (see :func:`pipeflow._chain._watch`), so the
+cost is nothing measurable. ``loader.stats()`` returns a :class:`Stats`: plain data, whose
+``str()`` is a table that names the bottleneck and what to try.
 
 How times are measured: each stage's iterator is timed from the moment the stage below asks
 it for an item until it hands one over. That span includes the time it spent waiting for its
@@ -29,6 +30,8 @@ class StageRecord:
 
     __slots__ = (
         "busy_ns",
+        "ignored",
+        "ignored_indices",
         "in_flight",
         "in_flight_samples",
         "items",
@@ -54,6 +57,9 @@ class StageRecord:
         self.task_total_ns = 0
         self.in_flight = 0
         self.in_flight_samples = 0
+        # ignore_errors only: items dropped, and the sample indices they stood for
+        self.ignored = 0
+        self.ignored_indices: list[Any] = []
 
     def sample(self, now: int) -> None:
         if now - self.last_sample >= _SAMPLE_NS:
@@ -100,6 +106,8 @@ class StageStats:
         item_seconds_p90: 90th percentile of the per-item time in a worker.
         item_seconds_p99: 99th percentile of the per-item time in a worker.
         series: ``(seconds since the start, items so far)`` points, for plots.
+        ignored_errors: for ``ignore_errors``, the failed items it dropped (else 0).
+        ignored_indices: the sample indices those items stood for (the first 1,000).
     """
 
     name: str
@@ -115,6 +123,8 @@ class StageStats:
     item_seconds_p90: float | None = None
     item_seconds_p99: float | None = None
     series: list[tuple[float, int]] = field(default_factory=list, repr=False)
+    ignored_errors: int = 0
+    ignored_indices: list[Any] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,9 @@ class Stats:
             f"({_pct(self.consumer_wait_fraction)}); per item p50 {p50} ms, p99 {p99} ms"
         )
         lines.append(f"bottleneck: {self.bottleneck}: {self.advice}")
+        for st in self.stages:
+            if st.ignored_errors:
+                lines.append(f"ignored errors: {ignored_text(st)} (in {st.name!r})")
         lines.append(LEGEND)
         return "\n".join(lines)
 
@@ -219,6 +232,18 @@ class Stats:
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
+
+
+def ignored_text(stage: StageStats) -> str:
+    """``2 (sample indices 3, 8)``: how many items a stage dropped, and which."""
+    shown = stage.ignored_indices[:16]
+    more = len(stage.ignored_indices) > len(shown) or stage.ignored_errors > len(
+        stage.ignored_indices
+    )
+    if not shown:
+        return str(stage.ignored_errors)
+    listed = ", ".join(map(str, shown)) + (", ..." if more else "")
+    return f"{stage.ignored_errors} (sample indices {listed})"
 
 
 def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -279,6 +304,8 @@ def summarize(record: LoaderRecord) -> Stats:
                 item_seconds_p90=_percentile(tasks, 0.9) if parallel else None,
                 item_seconds_p99=_percentile(tasks, 0.99) if parallel else None,
                 series=[((t - record.started) / 1e9, n) for t, n, _ in rec.series],
+                ignored_errors=rec.ignored,
+                ignored_indices=list(rec.ignored_indices),
             )
         )
     waits = list(record.waits)

@@ -6,18 +6,13 @@ import builtins
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from pipeflow import _checks
 from pipeflow._stage import Stage
 
 __all__ = ["filter", "map", "random_map"]
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-
-def _check_callable(stage: str, name: str, fn: Any) -> None:
-    if not callable(fn):
-        msg = f"{stage}: {name} must be callable (got {type(fn).__name__})"
-        raise TypeError(msg)
 
 
 def map(fn: Callable[[T], U]) -> Stage[T, U]:
@@ -33,7 +28,7 @@ def map(fn: Callable[[T], U]) -> Stage[T, U]:
         >>> list(pf.indices(3) | pf.map(str))
         ['0', '1', '2']
     """
-    _check_callable("map", "fn", fn)
+    _checks.function("map", "fn", fn)
     return Stage(_map, "map", {"fn": fn}, length="same", skip="same")
 
 
@@ -55,7 +50,7 @@ def filter(predicate: Callable[[T], Any]) -> Stage[T, T]:
         >>> list(pf.indices(6) | pf.filter(lambda i: i % 2 == 0))
         [0, 2, 4]
     """
-    _check_callable("filter", "predicate", predicate)
+    _checks.function("filter", "predicate", predicate)
     return Stage(_filter, "filter", {"predicate": predicate})
 
 
@@ -99,7 +94,7 @@ def random_map(
     """
     from pipeflow._random import check_seed, fresh_seed
 
-    _check_callable("random_map", "fn", fn)
+    _checks.function("random_map", "fn", fn)
     if generator not in ("numpy", "torch"):
         msg = f"random_map: generator must be 'numpy' or 'torch' (got {generator!r})"
         raise ValueError(msg)

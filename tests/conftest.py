@@ -28,8 +28,10 @@ def pytest_sessionstart(session: object) -> None:
 
 
 # -- leak checks: children, threads, file descriptors, /dev/shm ------------------------------
+import contextlib  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -75,12 +77,16 @@ def snapshot() -> tuple[set[int], set[str], set[str], int]:
     return children(), threads, shm_entries(), len(os.listdir("/proc/self/fd"))
 
 
-@pytest.fixture
-def no_leaks():
-    """Fail the test if it leaves processes, threads, fds or /dev/shm segments after 2 s."""
+@contextlib.contextmanager
+def nothing_left(budget: float = 2.0) -> Iterator[None]:
+    """Fail if the block leaves processes, threads, fds or /dev/shm segments after *budget* s.
+
+    The ``no_leaks`` fixture checks a whole test; this checks a block inside one, so that a
+    leak fails the test's call (which ``xfail`` can mark), not its teardown.
+    """
     kids0, threads0, shm0, fds0 = snapshot()
     yield
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + budget
     while True:
         kids, threads, shm, fds = snapshot()
         extra = (kids - kids0, threads - threads0, shm - shm0, fds - fds0)
@@ -92,3 +98,10 @@ def no_leaks():
                 f"{extra[3]} file descriptors"
             )
         time.sleep(0.05)
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves processes, threads, fds or /dev/shm segments after 2 s."""
+    with nothing_left():
+        yield

@@ -65,6 +65,23 @@ class HangAt:
 
 
 @dataclass(frozen=True)
+class WaitAt:
+    """Block at *index* until the file *path* exists (the consumer creates it): an event
+    that works across processes. Gives up after *limit* seconds, so a bug can't hang."""
+
+    index: int
+    path: str
+    limit: float = 30.0
+
+    def __call__(self, i: Any) -> Any:
+        if i == self.index:
+            deadline = time.monotonic() + self.limit
+            while not os.path.exists(self.path) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return i
+
+
+@dataclass(frozen=True)
 class SleepAt:
     index: int
     seconds: float

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_demo_trains_and_reports_stats(tmp_path) -> None:
     out = subprocess.run(
         [
@@ -41,6 +44,7 @@ def test_demo_trains_and_reports_stats(tmp_path) -> None:
     assert len(list(tmp_path.rglob("*.jpg"))) == 200
 
 
+@pytest.mark.slow
 def test_demo_reads_a_folder_of_class_directories(tmp_path) -> None:
     from PIL import Image
 
@@ -112,6 +116,7 @@ def test_bench_table_marks_every_goal_met_or_not() -> None:
     assert lines[-1] == "goals: 3 of 6 met, 2 NOT MET, 1 not checked (?)"
 
 
+@pytest.mark.slow
 def test_help_is_plain_text_with_defaults() -> None:
     def help_of(*args: str) -> str:
         return subprocess.run(

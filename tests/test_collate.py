@@ -600,6 +600,7 @@ def test_in_a_dataloader_worker_process() -> None:
 # --- import ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_does_not_import_torch() -> None:
     root = Path(pf_collate.__file__).parents[1]
     code = (

@@ -116,6 +116,7 @@ def test_worker_info_and_seeds_match_torch() -> None:
     assert_same_epochs(ours, ref)
 
 
+@pytest.mark.slow
 def test_spawn_context_works() -> None:
     ours, ref = both(ArrayDataset(10), batch_size=3, num_workers=2, multiprocessing_context="spawn")
     assert_same_epochs(ours, ref, epochs=1)

@@ -68,7 +68,7 @@ def test_leaves_are_pending_numpy_in_the_worker() -> None:
     assert all(isinstance(leaf, Pending) for leaf in out)
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
 def test_spawned_workers_do_not_import_torch_for_default_collate(method: str) -> None:
     ds = TorchFree()
     loader = (

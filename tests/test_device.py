@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 import warnings
 from collections import namedtuple
 
@@ -12,6 +13,7 @@ import torch
 
 import pipeflow as pf
 from pipeflow import device as device_module
+from pipeflow._failure import Failure
 
 Pair = namedtuple("Pair", ["x", "y"])
 HAS_CUDA = torch.cuda.is_available()
@@ -69,16 +71,28 @@ def test_in_thread_keeps_order_overlaps_and_stops() -> None:
     assert threading.active_count() == before
 
 
-def test_in_thread_raises_the_original_exception() -> None:
+def test_in_thread_passes_a_failed_item_on_as_a_failure_and_goes_on() -> None:
     def boom(x: int) -> int:
         if x == 3:
             raise KeyError("three")
         return x
 
-    it = device_module.in_thread(iter(range(10)), boom, 2, name="t")
-    with pytest.raises(KeyError, match="three") as info:
-        list(it)
-    assert info.traceback[-1].name == "boom"
+    out = list(device_module.in_thread(iter(range(10)), boom, 2, name="t"))
+    failed = out[3]
+    assert isinstance(failed, Failure) and isinstance(failed.error, KeyError)
+    assert traceback.extract_tb(failed.error.__traceback__)[-1].name == "boom"
+    assert out[:3] + out[4:] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_in_thread_raises_what_its_source_raises() -> None:
+    def source():
+        yield 1
+        raise KeyError("source")
+
+    it = device_module.in_thread(source(), lambda x: x, 2, name="t")
+    assert next(it) == 1
+    with pytest.raises(KeyError, match="source"):
+        next(it)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

@@ -134,6 +134,7 @@ def check_ranks(out: Path, world: int) -> None:
     assert ranks[0]["pipeline"][0] != ranks[0]["pipeline"][1]  # a new order every epoch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_real_gloo_process_group_under_torchrun(world, tmp_path) -> None:
     env = {**os.environ, "PIPEFLOW_DDP_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}

@@ -252,12 +252,14 @@ needs_311 = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_311
 @pytest.mark.parametrize("path", PAGES, ids=page_id)
 def test_page(path: Path) -> None:
     run_page(path, module_name_for(path))
 
 
+@pytest.mark.slow
 @needs_311
 @pytest.mark.parametrize(("path", "k"), alone_cases())
 def test_alone(path: Path, k: int) -> None:
@@ -288,6 +290,7 @@ def spawn_cases() -> list[pytest.ParameterSet]:
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", spawn_cases())
 def test_runs_under_spawn(code: str, tmp_path: Path) -> None:
     """Workers started by spawn import the main script again: the example must guard the code
@@ -311,6 +314,7 @@ def test_runs_under_spawn(code: str, tmp_path: Path) -> None:
 COPY_JS = DOCS / "assets" / "copy-session.js"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the site's JS")
 def test_copy_button_copies_the_code_of_sessions() -> None:
     """docs/assets/copy-session.js gives each >>> session's copy button only the code lines;

@@ -6,20 +6,17 @@ import multiprocessing
 import os
 import pickle
 import time
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import pipeflow as pf
 from tests.conftest import children
 from tests.faults import (
     RaiseAt,
     RaiseUnrebuildable,
-    SleepAt,
+    WaitAt,
     pid_and,
     square,
 )
@@ -31,7 +28,7 @@ BACKENDS = [
 ALL_START_METHODS = [
     *BACKENDS,
     pytest.param(("process", "forkserver"), id="forkserver"),
-    pytest.param(("process", "spawn"), id="spawn"),
+    pytest.param(("process", "spawn"), id="spawn", marks=pytest.mark.slow),  # fresh interpreters
 ]
 
 
@@ -100,51 +97,25 @@ def test_tensors_come_back_through_shared_memory(no_leaks) -> None:
     assert x1[:, 0].tolist() == [3.0, 4.0, 5.0]
 
 
-@given(
-    n=st.integers(0, 80),
-    size=st.integers(1, 9),
-    workers=st.integers(1, 4),
-    ordered=st.booleans(),
-    in_flight=st.one_of(st.none(), st.integers(1, 9)),
-)
-@settings(max_examples=25)
-def test_exactly_once_threads(n, size, workers, ordered, in_flight) -> None:
-    loader = (
-        pf.indices(n)
-        | pf.batch(size)
-        | pf.parallel_map(len, workers=workers, ordered=ordered, max_in_flight=in_flight)
-    )
-    got = list(loader)
-    want = [len(b) for b in (pf.indices(n) | pf.batch(size))]
-    assert got == want if ordered else Counter(got) == Counter(want)
-
-
-@given(
-    n=st.integers(0, 60),
-    workers=st.integers(1, 3),
-    ordered=st.booleans(),
-    in_flight=st.one_of(st.none(), st.integers(1, 6)),
-)
-@settings(max_examples=12)
-def test_exactly_once_processes(n, workers, ordered, in_flight) -> None:
-    loader = pf.indices(n) | pf.parallel_map(
-        square, workers=workers, backend="process", ordered=ordered, max_in_flight=in_flight
-    )
-    got = list(loader)
-    want = [i * i for i in range(n)]
-    assert got == want if ordered else sorted(got) == want
+# Exactly once, in order or not, for any worker count and in-flight bound: against a
+# plain-Python oracle in tests/test_parallel_oracle.py.
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_unordered_delivery_lets_fast_items_pass_a_slow_one(backend, no_leaks) -> None:
-    loader = pf.indices(12) | pmap(SleepAt(0, 1.0), backend, workers=3, ordered=False)
-    start = time.monotonic()
+def test_unordered_delivery_lets_fast_items_pass_a_slow_one(backend, tmp_path, no_leaks) -> None:
+    # Item 0 blocks until the consumer has every other item: held back behind it, they would
+    # never come, and the timeout would fail the test instead of a clock.
+    gate = tmp_path / "every-other-item-arrived"
+    loader = pf.indices(12) | pmap(
+        WaitAt(0, str(gate)), backend, workers=3, ordered=False, timeout=20
+    )
     got = []
     for x in loader:
-        got.append((x, time.monotonic() - start))
-    assert sorted(x for x, _ in got) == list(range(12))
-    assert got[-1][0] == 0  # the slow one came last...
-    assert got[0][1] < 0.5  # ...and did not hold the first results back
+        got.append(x)
+        if len(got) == 11:
+            gate.touch()
+    assert sorted(got[:11]) == list(range(1, 12))
+    assert got[-1] == 0
 
 
 def test_backpressure_bounds_items_in_flight() -> None:
@@ -306,7 +277,8 @@ def test_timeout_names_the_indices_in_flight(no_leaks) -> None:
     with pytest.raises(pf.WorkerTimeoutError) as info:
         list(loader)
     assert isinstance(info.value, TimeoutError)
-    assert time.monotonic() - start < 2
+    # 0.5 s, with room for two busy cores; without the timeout, HangAt sleeps an hour
+    assert time.monotonic() - start < 10
     assert "timeout=0.5" in str(info.value)
     assert "sample indices" in str(info.value) and "2" in str(info.value)
 

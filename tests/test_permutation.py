@@ -2,8 +2,10 @@
 
 The statistical checks use fixed seeds, so they give the same verdict on every run; their
 bounds (z < 4 for a chi-square) leave room for chance, yet they catch weak bijections: an
-affine map ``(a * p + b) % n`` fails 11 of them, the same network with 4 rounds 12, and with
+affine map ``(a * p + b) % n`` fails 11 of them, the same network with 4 rounds 13, and with
 XOR in place of addition (even permutations only) the cycle counts are off by z > 100.
+(With 8 rounds for every n, n = 4 fails one here, and 20,000 seeds show a real 6 % bias
+at n = 5: that is why n <= 1024 gets 12 rounds.)
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pipeflow._permutation import _TAG, ROUNDS, Permutation, round_keys
-from pipeflow._random import seed_words
+from pipeflow._permutation import ROUNDS, Permutation, round_keys
+from pipeflow._random import SHUFFLE, seed_words
 from tests.strategies import epochs, seeds
 
 # Sizes where a bijection built on bits goes wrong first: tiny ones, primes, powers of two
@@ -100,7 +102,7 @@ def test_seeds_and_epochs_give_different_orders(n: int, seed: int, epoch: int) -
 @example(seed=0, epoch=0)
 @example(seed=2**64 - 1, epoch=2**32)
 def test_round_keys_are_numpy_seed_sequence_words(seed: int, epoch: int) -> None:
-    sequence = np.random.SeedSequence(seed_words(seed, epoch), spawn_key=(_TAG,))
+    sequence = np.random.SeedSequence(seed_words(seed, SHUFFLE, epoch))
     assert round_keys(seed, epoch, 32) == sequence.generate_state(ROUNDS, np.uint32).tolist()
     assert round_keys(seed, epoch, 64) == sequence.generate_state(ROUNDS, np.uint64).tolist()
 
@@ -109,11 +111,11 @@ def test_round_keys_are_numpy_seed_sequence_words(seed: int, epoch: int) -> None
 # Pinned: changing these changes every shuffled epoch, a breaking change (see the module doc).
 GOLDEN = [
     # (n, seed, epoch, positions, indices)
-    (10, 42, 0, range(10), [0, 3, 7, 8, 9, 6, 2, 5, 1, 4]),
-    (10, 42, 1, range(10), [2, 1, 5, 9, 8, 0, 6, 7, 4, 3]),
-    (1000, 0, 0, range(8), [276, 463, 543, 218, 67, 19, 236, 914]),
-    (10**9, 1, 2, [0, 1, 2, 10**9 - 1], [574259588, 907743296, 380327122, 469742419]),
-    (2**40 + 7, 5, 0, [0, 1, 2**40 + 6], [293484564146, 728537265182, 159867705421]),
+    (10, 42, 0, range(10), [1, 8, 5, 3, 9, 6, 2, 7, 4, 0]),
+    (10, 42, 1, range(10), [0, 7, 2, 5, 3, 1, 6, 8, 4, 9]),
+    (1000, 0, 0, range(8), [957, 174, 836, 292, 160, 111, 22, 341]),
+    (10**9, 1, 2, [0, 1, 2, 10**9 - 1], [32639711, 904765918, 798004039, 704692537]),
+    (2**40 + 7, 5, 0, [0, 1, 2**40 + 6], [762828874477, 458665327654, 282676034074]),
 ]
 
 

@@ -149,6 +149,7 @@ def test_a_forked_reader_copies_almost_nothing() -> None:
     assert grew_kb < 0.1 * s.nbytes / 1024, grew_kb  # the plain list: ~100 %
 
 
+@pytest.mark.slow
 def test_spawned_torch_dataloader_gets_the_items() -> None:
     torch = pytest.importorskip("torch")
     s = shared_list([np.full(3, i, dtype=np.float32) for i in range(10)])

@@ -129,7 +129,7 @@ def test_empty_hands_out_shared_memory_only_in_the_task_thread() -> None:
         link.close()
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_held_batches_stay_intact_across_epochs_and_memory_returns(method, no_leaks) -> None:
     """Real workers: a consumer that keeps some batches (across epochs) sees them unchanged
     while later batches reuse the freed segments; closing frees every page of /dev/shm."""
@@ -251,6 +251,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_a_kept_segment_never_sigbuses_when_shm_fills_up(tiny_shm) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}

@@ -56,7 +56,8 @@ def test_busy_workers_are_the_bottleneck() -> None:
     par = s.stages[-1]
     assert par.workers == 2
     assert par.worker_busy is not None and par.worker_busy > 0.5
-    assert par.item_seconds_p50 == pytest.approx(0.01, abs=0.005)
+    # 10 ms of sleep per item; a busy core wakes the sleeper late, never early
+    assert 0.009 <= par.item_seconds_p50 < 0.05
     assert par.queue_occupancy is not None and 0 < par.queue_occupancy <= 1
     assert s.bottleneck == "parallel_map" and "more workers" in s.advice
 
@@ -249,12 +250,14 @@ def test_stats_cost_little_on_tiny_items() -> None:
 
 
 # -- progress -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_progress_is_silent_when_output_is_not_a_terminal() -> None:
     code = "import pipeflow as pf; list(pf.indices(50) | pf.progress())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stderr == "" and out.stdout == ""
 
 
+@pytest.mark.slow
 def test_forced_progress_shows_count_rate_and_total() -> None:
     code = (
         "import pipeflow as pf\n"

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeflow._context import Context
+from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.loader import Loader
@@ -35,11 +36,13 @@ class MapJob:
         self,
         fn: Callable[[Any], Any] | Stage[Any, Any],
         name: str,
+        ignoring: tuple[type[BaseException], ...] = (),
         facts: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.name = name
         self.stages = fn.stages if isinstance(fn, Stage) else None
+        self.ignoring = ignoring  # what a later ignore_errors drops (fetch drops samples)
         # What the stages above told this pass (how a shard numbers its items, so that a
         # random_map in the workers keys its draws as one in the loader would).
         self.facts = facts or {}
@@ -62,13 +65,17 @@ class MapJob:
                 annotate(e, self.name, epoch, **describe_item(item, seq))
                 raise
         failed: list[str] = []
-        context = Context(epoch, offset=seq, facts=self.facts)  # the item's position
+        # The item's place in the pass, and what the pass was told.
+        context = Context(epoch, offset=seq, ignoring=self.ignoring, facts=self.facts)
+        dropped: list[Failure] = []
         it: Iterator[Any] = iter((item,))
         for s in self.stages:
             it = _track(s.apply(it, context), s.name, failed)
+            if s.failures == "mark":  # failures it yields: raised, or kept when dropped
+                it = _unmark(it, dropped)
             context = s.context_after(context)
         try:
-            return next(it)
+            out = next(it)
         except StopIteration:
             msg = (
                 f"stage {(failed or [self.name])[0]!r} yielded nothing for one item; "
@@ -78,6 +85,19 @@ class MapJob:
         except Exception as e:
             annotate(e, failed[0] if failed else self.name, epoch, **describe_item(item, seq))
             raise
+        for _ in it:  # let the stages finish the item (a dropped failure may follow)
+            pass
+        return WithDropped(out, dropped) if dropped else out
+
+
+def _unmark(it: Iterator[Any], dropped: list[Failure]) -> Iterator[Any]:
+    for value in it:
+        if value.__class__ is Failure:
+            if not value.dropped:
+                raise value.error
+            dropped.append(value)
+        else:
+            yield value
 
 
 def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:

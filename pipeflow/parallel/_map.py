@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
+from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage, _short
 from pipeflow.errors import WorkerTimeoutError
-from pipeflow.parallel._jobs import Exhausted, MapJob
+from pipeflow.parallel._jobs import Exhausted, MapJob, describe_item
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._wire import Reply
-from pipeflow.state import Resume, numbered, recording
+from pipeflow.state import Delivery, Resume, numbered, recording
 
 __all__ = ["ParallelMap", "parallel_map", "run_parallel"]
 
@@ -40,13 +41,14 @@ def run_parallel(
 ) -> Iterator[Any]:
     """One pass of a parallel stage (``upstream`` ``None``: the workers are sources)."""
     hooks = hooks or Hooks()
+    order = hooks.record.order if hooks.record is not None else None
     stats = hooks.stats
     if stats is not None and config.workers:
         stats.workers, stats.max_in_flight = config.workers, config.in_flight
     skip = hooks.resume or frozenset()
     items = None if upstream is None else numbered(upstream, context.offset, skip)
     if config.workers == 0:  # in the calling thread: the reference the parallel runs equal
-        yield from recording(_inline(job, items, context.epoch, context.offset), hooks.delivered)
+        yield from recording(_inline(job, items, context.epoch, context.offset), order)
         return
     kept = hooks.resources.setdefault("pool", _Kept())
     pool, borrowed = kept.borrow(
@@ -55,11 +57,12 @@ def run_parallel(
         getattr(job, "facts", None),
     )
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
+    out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
     try:
-        replies = _results(pool, items, context, config, done, stats)
+        replies = _results(pool, items, context, config, done, stats, out)
         if config.ordered:
             replies = _in_order(replies, context.offset, pool.drop)
-        yield from recording(_values(pool, replies, done), hooks.delivered)
+        yield from recording(_values(pool, replies, done, out), order)
     finally:
         kept.give_back(pool, borrowed)
 
@@ -71,6 +74,7 @@ def _results(
     config: Settings,
     done: list[int],
     stats: Any,
+    out: dict[int, Any],
 ) -> Iterator[Reply]:
     """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield every
     reply as it arrives."""
@@ -93,6 +97,7 @@ def _results(
                         break
                 if not pool.submit(held[0], context.epoch, held[1]):
                     break
+                out[held[0]] = held[1]
                 held, sent = None, sent + 1
             if exhausted and received == sent:
                 return
@@ -135,12 +140,36 @@ def _in_order(
             drop(reply)
 
 
-def _values(pool: Pool, replies: Iterator[Reply], done: list[int]) -> Iterator[tuple[int, Any]]:
-    """``(number, result)`` for each reply; a failed item raises its exception."""
+def _values(
+    pool: Pool, replies: Iterator[Reply], done: list[int], out: dict[int, Any]
+) -> Iterator[tuple[int, Any]]:
+    """``(number, result)`` for each reply; a failed item's result is its
+    :class:`~pipeflow._failure.Failure`, and the next item goes on."""
     for reply in replies:
         done[0] += 1
-        if reply.kind != "end":  # a source worker that ran out
-            yield reply.seq, pool.value(reply)
+        item = out.pop(reply.seq, None)
+        if reply.kind == "end":  # a source worker that ran out
+            continue
+        try:
+            value = pool.value(reply)
+        except Exception as e:  # the item's own error, rebuilt here
+            value = Failure(e, _indices(item, reply.seq))
+        yield from _unpack(reply.seq, value)
+
+
+def _unpack(seq: int, value: Any) -> Iterator[tuple[int, Any]]:
+    """A result, then the failures of the samples its batch went on without."""
+    if value.__class__ is WithDropped:
+        yield seq, value.value
+        for failure in value.dropped:
+            yield seq, failure
+    else:
+        yield seq, value
+
+
+def _indices(item: Any, seq: int) -> list[Any]:
+    where = describe_item(item, seq)
+    return where.get("batch") or ([where["index"]] if "index" in where else [])
 
 
 def _inline(
@@ -155,7 +184,11 @@ def _inline(
                 return
             seq += 1
     for seq, item in items:
-        yield seq, job.run(item, epoch, seq)
+        try:
+            value = job.run(item, epoch, seq)
+        except Exception as e:
+            value = Failure(e, _indices(item, seq))
+        yield from _unpack(seq, value)
 
 
 class _Kept:
@@ -208,20 +241,27 @@ class ParallelMap(Stage[T, U]):
     __slots__ = ()
 
     def __init__(self, fn: Any, config: Settings) -> None:
-        super().__init__(_no_call, "parallel_map", {"fn": fn, "settings": config}, length="same")
+        config_ = {"fn": fn, "settings": config}
+        super().__init__(_no_call, "parallel_map", config_, length="same", failures="mark")
 
     def apply(
         self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
     ) -> Iterator[U]:
         config: Settings = self._config["settings"]
         facts = {k: v for k, v in context.facts.items() if k != "input"}  # not its input's
-        job = MapJob(self._config["fn"], "parallel_map", facts)
+        job = MapJob(self._config["fn"], "parallel_map", context.ignoring, facts)
         return run_parallel(job, config, "parallel_map", upstream, context, hooks)
 
     def resumption(self, k: int, context: Context | None) -> Resume:
         """In order, the first *k* results are those of the first *k* items; out of order,
         the pass records what it delivered."""
         return Resume.below(k) if self._config["settings"].ordered else Resume.recorded()
+
+    def new_record(self, context: Context, resume: frozenset[int] | None) -> Any:
+        """Out of order: which items this pass delivered, for ``state_dict()``."""
+        if self._config["settings"].ordered:
+            return None
+        return Delivery(context.offset, resume or frozenset())
 
     def identity(self) -> list[str]:
         """What resumption compares: the work and the delivery order, not the workers.
@@ -321,8 +361,8 @@ def parallel_map(
         [['a', 'b'], ['c', 'd'], ['e']]
     """
     if isinstance(fn, Stage):
-        if fn.length(1) != 1:
-            bad = next((s.name for s in fn.stages if s.length(1) != 1), fn.name)
+        if any(fn.length(k) != k for k in (1, 2, 3, 7)):
+            bad = next((s.name for s in fn.stages if s.length(2) != 2), fn.name)
             msg = (
                 f"parallel_map: fn must be one-to-one, but stage {bad!r} can change the number "
                 "of items; run it before or after the parallel stage"

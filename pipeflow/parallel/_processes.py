@@ -25,7 +25,7 @@ from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, warm_source_cache
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
 from pipeflow.parallel._reader import Reader
-from pipeflow.parallel._wire import RemoteError, Reply, Task
+from pipeflow.parallel._wire import Encoded, RemoteError, Reply, Task
 from pipeflow.parallel._worker import process_main
 
 __all__ = ["ProcessPool"]
@@ -268,7 +268,8 @@ class ProcessPool:
     def value(self, reply: Reply) -> Any:
         if reply.kind == "err":
             self._raise_remote(reply.payload, None)
-        return self.reader.decode(reply.worker, *reply.payload[:3])
+        encoded: Encoded = reply.payload
+        return self.reader.decode(reply.worker, encoded.data, encoded.segment, encoded.layout)
 
     def drop(self, reply: Reply) -> None:
         if reply.kind == "ok":

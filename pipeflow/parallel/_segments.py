@@ -41,12 +41,6 @@ ALIGN = 64
 Segment = tuple[str | None, int, int]
 
 
-def _capacity(total: int) -> int:
-    """Round a segment up (to within ~6 %) so that results of nearby sizes can share it."""
-    step = max(mmap.PAGESIZE, 1 << max(0, total.bit_length() - 5))
-    return -(-total // step) * step
-
-
 def segment_prefix(parent_pid: int, pool_id: int, worker_id: int | None = None) -> str:
     """The file-name prefix of the segments of one pool (and one worker of it)."""
     prefix = f"pipeflow-{parent_pid}-{pool_id}-"

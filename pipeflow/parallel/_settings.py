@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeflow import _checks
 from pipeflow._context import Context
-from pipeflow._random import check_seed, derive, fresh_seed
+from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 
 __all__ = ["Settings", "settings"]
 
@@ -40,7 +40,7 @@ class Settings:
             return context.base_seed()
         if context.base_seed is not None:
             return context.base_seed
-        return derive(self.seed, context.epoch) >> 1  # 63 bits, as torch's seeds
+        return derive(self.seed, WORKERS, context.epoch) >> 1  # 63 bits, as torch's seeds
 
     def make_pool(self, job: Any, name: str, base_seed: int) -> Any:
         """Start a pool of this stage's backend (its workers start lazily)."""

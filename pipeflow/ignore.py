@@ -1,0 +1,190 @@
+"""``ignore_errors``: drop the items whose production failed, within a budget, counting each."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from pipeflow import _checks
+from pipeflow._context import Context, Hooks
+from pipeflow._failure import Failure
+from pipeflow._stage import Stage
+from pipeflow.errors import PipeflowError, describe_indices
+from pipeflow.state import Drops, Resume
+
+__all__ = ["ErrorBudgetExceeded", "ignore_errors"]
+
+T = TypeVar("T")
+log = logging.getLogger("pipeflow")
+
+#: Sample indices kept per stage for the statistics.
+_KEEP_INDICES = 1000
+#: Without a known epoch length, a fraction is enforced once this many items were seen.
+_MIN_SEEN = 100
+
+
+class ErrorBudgetExceeded(PipeflowError):
+    """More items failed than ``ignore_errors`` may drop; the last failure is its cause."""
+
+
+class _IgnoreErrors(Stage[T, T]):
+    __slots__ = ()
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[T]:
+        hooks = hooks or Hooks()
+        return _ignore(upstream, context, hooks, **self._config)
+
+    def drops_failures(self) -> tuple[type[BaseException], ...]:
+        return tuple(self._config["exceptions"])
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """What its first *k* outputs took of its inputs is in the pass's record."""
+        return Resume.recorded()
+
+    def new_record(self, context: Context, resume: frozenset[int] | None) -> Any:
+        return Drops(context.offset)
+
+
+def ignore_errors(
+    *,
+    exceptions: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    max_count: int | None = None,
+    max_fraction: float | None = None,
+) -> Stage[T, T]:
+    """Drop the items whose production raised one of *exceptions* upstream, and go on.
+
+    By default a failed item is raised in the consumer at its turn, and the next ``next()``
+    goes on (as torch's ``DataLoader`` does). Put ``ignore_errors()`` after the stages whose
+    failures it should drop: those items are left out, counted in ``loader.stats()``
+    (``ignored errors: 2 (sample indices 3, 8)``) and logged once per epoch on the
+    ``"pipeflow"`` logger. Other exceptions pass through unchanged. Where ``fetch`` reads a
+    batch sample by sample (a dataset without ``__getitems__``), only the failed samples are
+    dropped and the batch goes on shorter; a ``__getitems__`` that raises costs its batch.
+
+    Args:
+        exceptions: the exception types to drop (an exception class or a tuple of them).
+        max_count: drop at most this many items per epoch; one more raises
+            :class:`ErrorBudgetExceeded`. ``None``: no limit.
+        max_fraction: drop at most this fraction of the epoch's items (of the items seen so
+            far, once 100 were, when the epoch's length is unknown). ``None``: no limit.
+
+    Raises:
+        TypeError, ValueError: for a bad argument, when the stage is built.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> def load(i):
+        ...     if i in (3, 8):
+        ...         raise OSError(f"corrupt file {i}")
+        ...     return i
+        >>> loader = pf.indices(10) | pf.map(load) | pf.ignore_errors(max_count=5)
+        >>> list(loader)
+        [0, 1, 2, 4, 5, 6, 7, 9]
+        >>> [s.ignored_errors for s in loader.stats().stages]
+        [0, 0, 2]
+    """
+    kinds = exceptions if isinstance(exceptions, tuple) else (exceptions,)
+    if not kinds or not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+        msg = (
+            "ignore_errors: exceptions must be an exception class or a tuple of them "
+            f"(got {exceptions!r})"
+        )
+        raise TypeError(msg)
+    max_count = _checks.optional_integer("ignore_errors", "max_count", max_count, low=0)
+    if max_fraction is not None:
+        if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)):
+            msg = f"ignore_errors: max_fraction must be a number or None (got {max_fraction!r})"
+            raise TypeError(msg)
+        if not 0 <= max_fraction <= 1:
+            msg = f"ignore_errors: max_fraction must be between 0 and 1 (got {max_fraction!r})"
+            raise ValueError(msg)
+        max_fraction = float(max_fraction)
+    config = {"exceptions": kinds, "max_count": max_count, "max_fraction": max_fraction}
+    # len() counts the items before any is dropped (a batch that loses samples is still
+    # one batch; an item dropped whole makes the epoch shorter than len() says).
+    return _IgnoreErrors(_no_call, "ignore_errors", config, length="same", failures="pass")
+
+
+def _no_call(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - apply overrides
+    raise AssertionError
+
+
+def _ignore(
+    items: Iterable[Any],
+    context: Context,
+    hooks: Hooks,
+    exceptions: tuple[type[BaseException], ...],
+    max_count: int | None,
+    max_fraction: float | None,
+) -> Iterator[Any]:
+    stats, drops = hooks.stats, hooks.record
+    total = context.total  # this stage's items per epoch (its inputs, less what it drops)
+    limit = max_count
+    if max_fraction is not None and total is not None:
+        fraction_limit = int(max_fraction * total)
+        limit = fraction_limit if limit is None else min(limit, fraction_limit)
+    dropped: list[Failure] = []
+    seen = yielded = 0
+    try:
+        for item in items:
+            seen += 1
+            if item.__class__ is not Failure or not isinstance(item.error, exceptions):
+                yielded += 1
+                yield item
+                continue
+            dropped.append(item)
+            if drops is not None:
+                drops.before.append(yielded)
+            if stats is not None:
+                stats.ignored += 1
+                room = _KEEP_INDICES - len(stats.ignored_indices)
+                stats.ignored_indices.extend(item.indices[: max(room, 0)])
+            over = limit is not None and len(dropped) > limit
+            if max_fraction is not None and total is None and seen >= _MIN_SEEN:
+                over = over or len(dropped) > max_fraction * seen
+            if over:
+                raise _over_budget(dropped, seen, max_count, max_fraction, total) from item.error
+        if max_fraction is not None and total is None and len(dropped) > max_fraction * seen:
+            raise _over_budget(dropped, seen, max_count, max_fraction, total)
+    finally:
+        if dropped:
+            _log(dropped, context.epoch)
+
+
+def _over_budget(
+    dropped: list[Failure],
+    seen: int,
+    max_count: int | None,
+    max_fraction: float | None,
+    total: int | None,
+) -> ErrorBudgetExceeded:
+    budget = []
+    if max_count is not None:
+        budget.append(f"max_count={max_count}")
+    if max_fraction is not None:
+        of = f"{total} items" if total is not None else f"{seen} items seen"
+        budget.append(f"max_fraction={max_fraction} of {of}")
+    indices = [i for f in dropped for i in f.indices]
+    where = f" (sample indices {describe_indices(indices)})" if indices else ""
+    msg = (
+        f"ignore_errors: {len(dropped)} items failed this epoch{where}, over the budget "
+        f"({', '.join(budget)}); the last error is the cause"
+    )
+    return ErrorBudgetExceeded(msg)
+
+
+def _log(dropped: list[Failure], epoch: int) -> None:
+    indices = [i for f in dropped for i in f.indices]
+    where = f" (sample indices {describe_indices(indices)})" if indices else ""
+    first = dropped[0].error
+    log.warning(
+        "pipeflow: ignore_errors dropped %d failed items in epoch %d%s; the first: %s: %s",
+        len(dropped),
+        epoch,
+        where,
+        type(first).__name__,
+        first,
+    )
