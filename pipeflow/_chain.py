@@ -23,13 +23,15 @@ from pipeflow.state import Progress, plan
 
 __all__ = ["run"]
 
-#: A fast stream has one item in about 64 timed, at irregular gaps so that a periodic cost
-#: (a file read every 64 items, say) is not always hit or always missed.
-_GAPS = (53, 67, 59, 71, 61, 73, 47, 79)
+#: A fast stream has one item in about 64 timed, at irregular gaps (33 to 96 items, from a
+#: small generator) so that a periodic cost is not always hit or always missed.
+_GAP_MIN, _GAP_SPREAD = 33, 63
 #: Items are timed in windows of this many timed items; the first window times every item.
 _WINDOW = 256
-#: A window whose items took less than this on average is followed by a sampled one (two
-#: clock reads per item would then be a cost worth saving); otherwise every item is timed.
+#: A window whose items took less than this on average, none more than 8 times it, is
+#: followed by a sampled one (two clock reads per item would then be a cost worth saving);
+#: otherwise every item is timed: slow items, and fast ones with a heavy one among them
+#: (a file read every 64 items), whose cost a sample would catch only by chance.
 _TIME_ALL_NS = 20_000
 #: The watchers write what they counted into the shared record this often.
 _FLUSH_NS = 50_000_000
@@ -204,9 +206,10 @@ def _watch(
 
     An item's time runs from the moment the stage below asks for it until it is handed over.
     Items are timed in windows of ``_WINDOW`` timed items: the first window times every item;
-    after a window whose items took less than ``_TIME_ALL_NS`` on average, about one item in
-    64 is timed, standing for the items since the last one timed. So slow items (batches) are
-    all timed, and fast ones (indices) cost a count and a test each.
+    after a window whose items took less than ``_TIME_ALL_NS`` on average and none more than 8
+    times that, about one item in 64 is timed, standing for the items since the last one
+    timed. So slow items (batches) are all timed, and fast ones (indices) cost a count and a
+    test each.
 
     An exception from the stage gets a note naming the stage (after a dataset-reading stage,
     *keys* holds the key it read last: the note names those sample indices) and goes on as a
@@ -216,22 +219,22 @@ def _watch(
     failures, they go to its *stash* instead of to it: *divert* is that stash when this stage
     can yield failures as items, ``None`` when it never does (no test per item then).
     """
-    n = 0
+    n = 0  # items handed on (a failure is one)
     clock = time.perf_counter_ns
     busy = 0  # estimated ns, not yet written to the record
     flushed = 0
     gap = 1  # the items the next timed one stands for: 1 while every item is timed
     sampling = False
-    countdown = 1
-    window = window_ns = 0  # timed items (and their time) in the current window
-    timing = rec is not None
+    window = window_ns = window_max = 0  # timed items (their time, the longest) this window
+    lcg = 12345  # the gaps' generator
+    mark = 0 if rec is not None else -1  # the number of the next item to time
     t = clock()
     next_flush = t + _FLUSH_NS
     try:
         while True:
             try:
                 for item in it:
-                    if timing:
+                    if n == mark:  # asked for at t
                         now = clock()
                         span = now - t
                         busy += span * gap
@@ -239,15 +242,22 @@ def _watch(
                             waits.append(span)
                         window += 1
                         window_ns += span
+                        window_max = max(window_max, span)
                         if window == _WINDOW:  # sample the next window if these were fast
-                            sampling = window_ns < _TIME_ALL_NS * _WINDOW
-                            window = window_ns = 0
+                            sampling = (
+                                window_ns < _TIME_ALL_NS * _WINDOW
+                                and window_max < 8 * _TIME_ALL_NS
+                            )
+                            window = window_ns = window_max = 0
                         if now >= next_flush:
                             rec.busy_ns += busy
                             rec.items += n + 1 - flushed
                             busy, flushed, next_flush = 0, n + 1, now + _FLUSH_NS
                             rec.sample(now)
-                        gap = countdown = _GAPS[window & 7] if sampling else 1
+                        if sampling:
+                            lcg = (lcg * 1103515245 + 12345) & 0x7FFFFFFF
+                            gap = _GAP_MIN + (lcg >> 16) % _GAP_SPREAD
+                        mark = n + gap
                     n += 1
                     if bypassed:  # failures that went around this stage come first
                         yield from _release(bypassed, stash)
@@ -255,11 +265,8 @@ def _watch(
                         divert.append(item)
                     else:
                         yield item
-                    if rec is not None:
-                        countdown -= 1
-                        timing = not countdown
-                        if timing:
-                            t = clock()
+                    if n == mark:  # the next item is timed: from when it is asked for
+                        t = clock()
                 break
             except Exception as e:
                 key = keys[0] if keys is not None else None
@@ -269,17 +276,18 @@ def _watch(
                     annotate(e, name, epoch, index=key)
                 else:
                     annotate(e, name, epoch, item=n)
-                n += 1
                 indices = key if type(key) is list else [] if key is None else [key]
                 failure = Failure(e, indices)
+                n += 1
                 if stash is not None:
                     stash.append(failure)
                 else:
                     yield failure
-                timing, countdown, t = rec is not None, 1, clock()
+                if rec is not None:  # time the next item afresh
+                    gap, mark, t = 1, n, clock()
         if bypassed:
             yield from _release(bypassed, stash)
-        if timing:
+        if n == mark:  # the end of the stream was asked for at t
             busy += clock() - t
     finally:
         if rec is not None:
