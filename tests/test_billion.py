@@ -147,6 +147,22 @@ def test_resume_deep_in_a_billion_is_immediate(world: int) -> None:
     assert got == Permutation(10**9, 0, 0).permute(positions).tolist()
 
 
+def test_resume_through_a_batch_deep_in_a_billion_is_immediate() -> None:
+    def make() -> pf.Loader[Any]:
+        return pf.indices(10**9) | pf.shuffle(seed=0) | pf.shard(3, 8) | pf.batch(64)
+
+    loader = make()
+    state = loader.state_dict()
+    state["position"] = 1_900_000  # batches: the shard seeks to its item 64 * 1,900,000
+    start = time.perf_counter()
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = next(iter(resumed))
+    assert time.perf_counter() - start < 1
+    positions = [3 + 8 * (64 * 1_900_000 + j) for j in range(64)]
+    assert got == Permutation(10**9, 0, 0).permute(positions).tolist()
+
+
 def test_a_state_past_the_end_of_its_epoch_is_refused() -> None:
     loader = pf.indices(10) | pf.shuffle(seed=0) | pf.shard(0, 2)
     state = loader.state_dict()
