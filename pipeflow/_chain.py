@@ -168,7 +168,12 @@ class _Pass:
             raise
         self.progress.delivered += 1
         if item.__class__ is Failure:
-            raise item.error
+            error = item.error
+            del item
+            try:
+                raise error
+            finally:  # the traceback keeps this frame: it must not keep the pass alive
+                del error, self
         return item
 
     def close(self) -> None:
@@ -245,8 +250,7 @@ def _watch(
                         window_max = max(window_max, span)
                         if window == _WINDOW:  # sample the next window if these were fast
                             sampling = (
-                                window_ns < _TIME_ALL_NS * _WINDOW
-                                and window_max < 8 * _TIME_ALL_NS
+                                window_ns < _TIME_ALL_NS * _WINDOW and window_max < 8 * _TIME_ALL_NS
                             )
                             window = window_ns = window_max = 0
                         if now >= next_flush:

@@ -22,6 +22,8 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+from pipeflow._coroutines import refuse
+
 __all__ = ["boolean", "function", "integer", "one_of", "optional_integer", "seconds"]
 
 
@@ -69,13 +71,15 @@ def seconds(stage: str, name: str, value: Any) -> float | None:
 
 
 def function(stage: str, name: str, value: Any, *, optional: bool = False) -> Any:
-    """*value*, which must be callable (or ``None`` when *optional*)."""
+    """*value*, which must be callable (or ``None`` when *optional*), and not a coroutine
+    function (see :mod:`pipeflow._coroutines`)."""
     if value is None and optional:
         return None
     if not callable(value):
         what = "callable or None" if optional else "callable"
         msg = f"{stage}: {name} must be {what} (got {type(value).__name__})"
         raise TypeError(msg)
+    refuse(stage, name, value)  # nothing that takes a function here awaits one
     return value
 
 

@@ -81,6 +81,13 @@ def _make_factory(
     if not callable(fn):
         msg = f"@stage needs a generator function (got {type(fn).__name__})"
         raise TypeError(msg)
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        msg = (
+            f"@stage needs a generator function, not an async one (got {fn.__qualname__}): "
+            "nothing would await it. Write the per-item work as an async def and run it with "
+            "pf.parallel_map(fn, workers=...)"
+        )
+        raise TypeError(msg)
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())
     if not params or params[0].kind not in (

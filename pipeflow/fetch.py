@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pipeflow._context import Context
+from pipeflow._coroutines import refuse
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
@@ -43,6 +44,7 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
     if batched is not None and not isinstance(batched, bool):
         msg = f"fetch: batched must be None or a bool (got {batched!r})"
         raise TypeError(msg)
+    refuse("fetch", "dataset.__getitem__", getattr(type(dataset), "__getitem__", None))
     config = {"dataset": dataset, "batched": batched}
     return Stage(
         _fetch, "fetch", config, length="same", skip="same", dataset=dataset, failures="mark"

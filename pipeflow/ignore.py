@@ -136,8 +136,8 @@ def _ignore(
                 yield item
                 continue
             dropped.append(item)
-            if drops is not None:
-                drops.before.append(yielded)
+            if drops is not None and not item.dropped:  # a sample dropped from its batch
+                drops.before.append(yielded)  # came in addition to the batch, not in its place
             if stats is not None:
                 stats.ignored += 1
                 room = _KEEP_INDICES - len(stats.ignored_indices)
@@ -169,8 +169,9 @@ def _over_budget(
         budget.append(f"max_fraction={max_fraction} of {of}")
     indices = [i for f in dropped for i in f.indices]
     where = f" (sample indices {describe_indices(indices)})" if indices else ""
+    items = "item" if len(dropped) == 1 else "items"
     msg = (
-        f"ignore_errors: {len(dropped)} items failed this epoch{where}, over the budget "
+        f"ignore_errors: {len(dropped)} {items} failed this epoch{where}, over the budget "
         f"({', '.join(budget)}); the last error is the cause"
     )
     return ErrorBudgetExceeded(msg)
@@ -181,8 +182,9 @@ def _log(dropped: list[Failure], epoch: int) -> None:
     where = f" (sample indices {describe_indices(indices)})" if indices else ""
     first = dropped[0].error
     log.warning(
-        "pipeflow: ignore_errors dropped %d failed items in epoch %d%s; the first: %s: %s",
+        "pipeflow: ignore_errors dropped %d failed %s in epoch %d%s; the first: %s: %s",
         len(dropped),
+        "item" if len(dropped) == 1 else "items",
         epoch,
         where,
         type(first).__name__,

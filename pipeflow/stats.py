@@ -237,13 +237,9 @@ class Stats:
 def ignored_text(stage: StageStats) -> str:
     """``2 (sample indices 3, 8)``: how many items a stage dropped, and which."""
     shown = stage.ignored_indices[:16]
-    more = len(stage.ignored_indices) > len(shown) or stage.ignored_errors > len(
-        stage.ignored_indices
-    )
-    if not shown:
-        return str(stage.ignored_errors)
-    listed = ", ".join(map(str, shown)) + (", ..." if more else "")
-    return f"{stage.ignored_errors} (sample indices {listed})"
+    more = ", ..." if len(stage.ignored_indices) > 16 else ""
+    listed = f" (sample indices {', '.join(map(str, shown))}{more})" if shown else ""
+    return f"{stage.ignored_errors}{listed}"
 
 
 def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:

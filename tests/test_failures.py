@@ -265,6 +265,22 @@ def test_a_state_after_ignored_errors_resumes_exactly_without_reading_them_again
     assert 4 not in reads and 5 not in reads  # dropped items are not read again
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_after_samples_dropped_from_a_batch_resumes_exactly(workers) -> None:
+    def make() -> pf.Loader:
+        work: Any = pf.fetch(Flaky(12, {1})) | pf.collate()
+        if workers:
+            work = pf.parallel_map(work, workers=workers)
+        return pf.indices(12) | pf.batch(4) | work | pf.ignore_errors()
+
+    loader = make()
+    it = iter(loader)
+    assert [_plain(next(it)) for _ in range(2)] == [[0, 2, 3], [4, 5, 6, 7]]
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert drain(resumed) == [[8, 9, 10, 11]]
+
+
 def test_ignore_errors_costs_nothing_when_nothing_fails() -> None:
     plain = pf.indices(50) | pf.batch(8) | pf.fetch(Flaky(50)) | pf.collate()
     guarded = plain | pf.ignore_errors()

@@ -19,9 +19,7 @@ def contexts(n: int) -> list[Context]:
 
 def test_maps_and_batches_push_the_skip_down_to_the_source() -> None:
     stages = (pf.indices(100) | pf.batch(8) | pf.map(len) | pf.collate()).stages
-    assert plan(stages, contexts(3), {"position": 3}) == Plan(
-        source_skip=24, offsets=(24, 3, 3)
-    )
+    assert plan(stages, contexts(3), {"position": 3}) == Plan(source_skip=24, offsets=(24, 3, 3))
 
 
 def test_a_stage_that_replays_cuts_after_itself() -> None:
@@ -37,9 +35,7 @@ class Seeking(pf.Stage):
 def test_a_seeking_stage_is_told_where_to_start_and_nothing_above_it_is_read() -> None:
     seek = Seeking(lambda items: iter(items), "seek", length="same")
     stages = (pf.map(abs), seek, pf.batch(4))
-    assert plan(stages, contexts(3), {"position": 2}) == Plan(
-        start=((1, 8),), offsets=(0, 0, 8)
-    )
+    assert plan(stages, contexts(3), {"position": 2}) == Plan(start=((1, 8),), offsets=(0, 0, 8))
 
 
 def test_an_out_of_order_stage_skips_what_it_delivered_below_it() -> None:

@@ -12,13 +12,16 @@ note naming the stage, the item, the worker and its pid), ``WorkerDiedError``,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
+from pipeflow._coroutines import is_coroutine_function, refuse
 from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage, _short
 from pipeflow.errors import WorkerTimeoutError
+from pipeflow.parallel._aio_worker import CoroutineJob
 from pipeflow.parallel._jobs import Exhausted, MapJob, describe_item
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings, settings
@@ -248,8 +251,9 @@ class ParallelMap(Stage[T, U]):
         self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
     ) -> Iterator[U]:
         config: Settings = self._config["settings"]
+        make = CoroutineJob if config.coroutines else MapJob
         facts = {k: v for k, v in context.facts.items() if k != "input"}  # not its input's
-        job = MapJob(self._config["fn"], "parallel_map", context.ignoring, facts)
+        job = make(self._config["fn"], "parallel_map", context.ignoring, facts)
         return run_parallel(job, config, "parallel_map", upstream, context, hooks)
 
     def resumption(self, k: int, context: Context | None) -> Resume:
@@ -316,6 +320,11 @@ def parallel_map(
       once, when the pool starts; numpy arrays and CPU tensors come back through shared
       memory. ``fork``, ``forkserver`` and ``spawn`` all work.
 
+    An ``async def`` *fn* (or an object whose ``__call__`` is one) runs on asyncio event loops:
+    *workers* loops in threads, or one loop in each worker process; many items per loop at
+    once, up to *max_in_flight* in all (default ``64 * workers``). Stopping early cancels the
+    coroutines in flight. See the how-to "Remote data: threads, processes or coroutines".
+
     At most *max_in_flight* items are out at once (default ``2 * workers``), so a slow consumer
     holds the workers back instead of filling memory. ``ordered=True`` yields exactly the
     sequence ``map(fn, items)`` would; ``ordered=False`` yields results as they complete, each
@@ -368,6 +377,9 @@ def parallel_map(
                 "of items; run it before or after the parallel stage"
             )
             raise ValueError(msg)
+        for s in fn.stages:  # a coroutine function inside a stage: nothing would await it
+            for key, value in s.config.items():
+                refuse(f"parallel_map: stage {s.name!r}", key, value)
     elif not callable(fn):
         msg = f"parallel_map: fn must be callable or a stage (got {type(fn).__name__})"
         raise TypeError(msg)
@@ -384,4 +396,6 @@ def parallel_map(
         seed=seed,
         round_robin=round_robin,
     )
+    if is_coroutine_function(fn):
+        config = dataclasses.replace(config, coroutines=True)
     return ParallelMap(fn, config)

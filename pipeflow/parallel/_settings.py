@@ -11,7 +11,10 @@ from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 
-__all__ = ["Settings", "settings"]
+__all__ = ["COROUTINES_PER_WORKER", "Settings", "settings"]
+
+#: The default bound on coroutines in flight, per event loop: I/O waits, so many at once.
+COROUTINES_PER_WORKER = 64
 
 
 @dataclass(frozen=True)
@@ -28,11 +31,16 @@ class Settings:
     persistent: bool
     seed: int
     round_robin: bool = False
+    #: *fn* is a coroutine function: event loops run it, many items per worker at once.
+    coroutines: bool = False
 
     @property
     def in_flight(self) -> int:
-        """The bound on items out at once: *max_in_flight*, by default twice the workers."""
-        return self.max_in_flight or 2 * self.workers
+        """The bound on items out at once: *max_in_flight*, by default twice the workers
+        (:data:`COROUTINES_PER_WORKER` times the workers for a coroutine function)."""
+        return (
+            self.max_in_flight or (COROUTINES_PER_WORKER if self.coroutines else 2) * self.workers
+        )
 
     def base_seed(self, context: Context) -> int:
         """The workers' base seed for this pass: the caller's, else from (seed, epoch)."""
@@ -44,6 +52,8 @@ class Settings:
 
     def make_pool(self, job: Any, name: str, base_seed: int) -> Any:
         """Start a pool of this stage's backend (its workers start lazily)."""
+        if self.coroutines:
+            return self._make_loop_pool(job, name, base_seed)
         if self.backend == "process":
             from pipeflow.parallel._processes import ProcessPool
 
@@ -61,6 +71,36 @@ class Settings:
         from pipeflow.parallel._threads import ThreadPool
 
         return ThreadPool(
+            job,
+            self.workers,
+            name=name,
+            worker_init=self.worker_init,
+            base_seed=base_seed,
+            round_robin=self.round_robin,
+        )
+
+    def _make_loop_pool(self, job: Any, name: str, base_seed: int) -> Any:
+        """Event loops: in threads of this process, or one in each worker process."""
+        if self.backend == "process":
+            from pipeflow.parallel._aio_worker import aio_process_main
+            from pipeflow.parallel._processes import ProcessPool
+
+            mp = self.mp_context
+            context = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
+            return ProcessPool(
+                job,
+                self.workers,
+                name=name,
+                context=context or multiprocessing.get_context(mp),
+                worker_init=self.worker_init,
+                base_seed=base_seed,
+                round_robin=self.round_robin,
+                target=aio_process_main,
+                concurrent=True,
+            )
+        from pipeflow.parallel._aio import LoopPool
+
+        return LoopPool(
             job,
             self.workers,
             name=name,

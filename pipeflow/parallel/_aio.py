@@ -1,0 +1,212 @@
+"""Coroutine functions in ``parallel_map``: event loops in threads of this process.
+
+``parallel_map(async_fn, workers=n)`` runs *n* asyncio event loops, each in its own thread,
+and keeps up to ``max_in_flight`` coroutines in flight over all of them (the stage's
+generator, :func:`pipeflow.parallel._map._results`, bounds them as it bounds any pool's
+items). :class:`LoopPool` keeps the :class:`~pipeflow.parallel._protocol.Pool` protocol;
+what each loop does is :class:`~pipeflow.parallel._aio_worker.LoopRunner`'s. With
+``backend="process"`` the same runner runs in each worker process of a
+:class:`~pipeflow.parallel._processes.ProcessPool` instead
+(:func:`~pipeflow.parallel._aio_worker.aio_process_main`).
+
+Closing the pool cancels every coroutine in flight, so their ``finally`` blocks run, and
+stops the loops within :data:`~pipeflow.parallel._protocol.STOP_GRACE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._wire import Reply, Task
+from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
+
+__all__ = ["LoopPool"]
+
+
+class LoopPool:
+    """Event loops in threads: each item a coroutine on the least busy loop."""
+
+    backend = "thread"
+
+    def __init__(
+        self,
+        job: CoroutineJob,
+        workers: int,
+        *,
+        name: str,
+        worker_init: Any,
+        base_seed: int,
+        round_robin: bool,
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.round_robin = round_robin
+        self.closed = False
+        self.broken = False
+        self.pass_id = 0
+        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (loop, item)
+        self.load = [0] * workers  # items of this pass on each loop
+        self.results: queue.SimpleQueue[list[Reply]] = queue.SimpleQueue()
+        self._rr = itertools.cycle(range(workers))
+        self.loops = [
+            _Loop(job, wid, workers, base_seed + wid, worker_init, self.results, name)
+            for wid in range(workers)
+        ]
+        LIVE.add(self)
+
+    def start_pass(self, max_in_flight: int) -> None:
+        self.pass_id += 1
+        self.outstanding.clear()
+        self.load = [0] * self.workers
+        self._rr = itertools.cycle(range(self.workers))
+
+    def can_submit(self) -> bool:
+        return True
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        if self.round_robin:
+            wid = next(self._rr)
+        else:
+            wid = min(range(self.workers), key=self.load.__getitem__)
+        self.loops[wid].put(Task(self.pass_id, seq, epoch, item))
+        self.outstanding[seq] = (wid, item)
+        self.load[wid] += 1
+        return True
+
+    def collect(self, timeout: float | None) -> list[Reply] | None:
+        try:
+            batch = self.results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        out: list[Reply] = []
+        while True:
+            for reply in batch:
+                if reply.kind == "init":
+                    reply.payload.add_note(
+                        f"pipeflow: worker_init in event-loop thread {reply.worker} failed"
+                    )
+                    raise reply.payload
+                if reply.pass_id == self.pass_id:
+                    self.outstanding.pop(reply.seq, None)
+                    self.load[reply.worker] -= 1
+                    out.append(reply)
+            try:
+                batch = self.results.get_nowait()
+            except queue.Empty:
+                return out
+
+    def value(self, reply: Reply) -> Any:
+        if reply.kind == "err":
+            raise reply.payload
+        return reply.payload
+
+    def drop(self, reply: Reply) -> None:
+        pass
+
+    def in_flight(self) -> str:
+        return held({seq: item for seq, (_, item) in self.outstanding.items()})
+
+    def close(self) -> None:
+        """Cancel the coroutines in flight and stop every loop (threads joined)."""
+        if self.closed:
+            return
+        self.closed = True
+        LIVE.discard(self)
+        for lp in self.loops:
+            lp.stop()
+        deadline = time.monotonic() + STOP_GRACE
+        for lp in self.loops:
+            lp.thread.join(max(0.0, deadline - time.monotonic()))
+        # A loop stuck in blocking user code can't be stopped; its thread is a daemon.
+
+
+class _Loop:
+    """One event loop and its thread. Tasks reach it through a deque, and the loop is woken
+    once per batch of them; replies go back in one list per turn of the loop. Waking a thread
+    per item would hand the GIL back and forth per item, which costs more than the item."""
+
+    def __init__(
+        self,
+        job: CoroutineJob,
+        wid: int,
+        workers: int,
+        seed: int,
+        worker_init: Any,
+        results: queue.SimpleQueue[list[Reply]],
+        name: str,
+    ) -> None:
+        self.wid = wid
+        self.results = results
+        self.worker_init = worker_init
+        self.info = WorkerInfo(wid, workers, seed, job.dataset, "thread", os.getpid())
+        self.inbox: collections.deque[Task] = collections.deque()
+        self.woken = False
+        self.outbox: list[Reply] = []
+        self.loop = asyncio.new_event_loop()
+        self.runner = LoopRunner(job, self._deliver)
+        self.thread = threading.Thread(target=self._main, name=f"pipeflow-{name}-loop-{wid}")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def put(self, task: Task) -> None:
+        """Hand *task* to the loop (from the main thread)."""
+        self.inbox.append(task)
+        if not self.woken:
+            self.woken = True
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self.woken = False  # before draining: a task put from now on wakes the loop again
+        inbox, start = self.inbox, self.runner.start
+        while inbox:
+            start(inbox.popleft())
+
+    def _deliver(self, task: Task, kind: str, took: int, value: Any) -> None:
+        if not self.outbox:
+            self.loop.call_soon(self._flush)  # after the other callbacks of this turn
+        self.outbox.append(Reply(task.pass_id, kind, task.seq, self.wid, took, value))  # type: ignore[arg-type]
+
+    def _flush(self) -> None:
+        batch, self.outbox = self.outbox, []
+        self.results.put(batch)
+
+    def stop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _main(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        set_thread_worker_info(self.info)
+        try:
+            if self.worker_init is not None:
+                self.worker_init(self.wid)
+        except BaseException as e:
+            self.results.put([Reply(None, "init", -1, self.wid, 0, e)])
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                loop.run_until_complete(self.runner.stop())
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(_shutdown_executor(loop))
+            finally:
+                loop.close()
+                asyncio.set_event_loop(None)
+                set_thread_worker_info(None)
+
+
+async def _shutdown_executor(loop: asyncio.AbstractEventLoop) -> None:
+    """Join the threads of ``asyncio.to_thread`` calls, waiting at most a moment for them."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(loop.shutdown_default_executor(), CANCEL_GRACE / 2)

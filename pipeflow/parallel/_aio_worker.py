@@ -1,0 +1,261 @@
+"""The event-loop side of coroutine workers: a job that awaits, a runner per loop, and the
+process worker whose loop reads its tasks from the pipe.
+
+One :class:`LoopRunner` lives on each event loop, in a thread of this process
+(:mod:`pipeflow.parallel._aio`) or in a worker process (:func:`aio_process_main`). It starts a
+task for every :class:`~pipeflow.parallel._wire.Task` it is given and hands each outcome on
+when its coroutine finishes, so a loop holds many items at once; the main process bounds how
+many (``max_in_flight``). Tasks of an abandoned pass are cancelled when the next pass's first
+task arrives; stopping cancels every task, so the coroutines' ``finally`` blocks run.
+
+Like :mod:`pipeflow.parallel._worker`, this module keeps to the standard library (plus what
+the user's job brings), so a spawned worker imports torch only when the user's code does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeflow.errors import annotate
+from pipeflow.parallel import _segments
+from pipeflow.parallel._jobs import MapJob, describe_item
+from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
+from pipeflow.parallel._worker import _tell_torch, _wait_for_stop, _watch_parent, seed_worker
+from pipeflow.parallel._writer import Writer
+from pipeflow.worker_info import WorkerInfo, set_process_worker_info
+
+__all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]
+
+#: How long cancelled coroutines get to run their ``finally`` blocks when a loop stops.
+CANCEL_GRACE = 0.5
+
+#: ``deliver(task, kind, took_ns, value)``: *kind* ``"ok"`` (value: the result) or ``"err"``.
+Deliver = Callable[[Task, str, int, Any], None]
+
+
+class CoroutineJob(MapJob):
+    """Await a coroutine function on one item; an event loop runs many of these at once."""
+
+    async def arun(self, item: Any, epoch: int, seq: int) -> Any:
+        try:
+            return await self.fn(item)  # type: ignore[operator]
+        except Exception as e:
+            annotate(e, self.name, epoch, **describe_item(item, seq))
+            raise
+
+    def run(self, item: Any, epoch: int, seq: int) -> Any:
+        """``workers=0``: one item at a time, on a fresh event loop, in the calling thread."""
+        return asyncio.run(self.arun(item, epoch, seq))
+
+
+class LoopRunner:
+    """One event loop's share of the work: a task per item, each outcome delivered once."""
+
+    def __init__(self, job: CoroutineJob, deliver: Deliver) -> None:
+        self.job = job
+        self.deliver = deliver
+        #: (pass, seq) -> the asyncio task running it, and the task record
+        self.running: dict[tuple[int, int], tuple[asyncio.Task[None], Task]] = {}
+        self.pass_id = 0
+        self.stopping = False
+
+    def start(self, task: Task) -> None:
+        """Start *task* on the running loop (called in the loop's thread)."""
+        if task.pass_id > self.pass_id:  # a new pass: the old one was abandoned
+            self.pass_id = task.pass_id
+            for key, (t, old) in list(self.running.items()):
+                if key[0] < task.pass_id:
+                    t.cancel()
+                    t.add_done_callback(functools.partial(self._unstarted, key, old))
+        elif task.pass_id < self.pass_id:  # queued before the pass was abandoned
+            self.deliver(task, "err", 0, asyncio.CancelledError())
+            return
+        key = (task.pass_id, task.seq)
+        self.running[key] = (asyncio.get_running_loop().create_task(self._one(task, key)), task)
+
+    def _unstarted(self, key: tuple[int, int], task: Task, _: Any) -> None:
+        """A task cancelled before its coroutine ran: no ``finally`` of ours answered it."""
+        if self.running.pop(key, None) is not None:
+            self.deliver(task, "err", 0, asyncio.CancelledError())
+
+    async def _one(self, task: Task, key: tuple[int, int]) -> None:
+        started = time.perf_counter_ns()
+        try:
+            out = await self.job.arun(task.item, task.epoch, task.seq)
+        except asyncio.CancelledError as e:
+            if self.stopping:
+                raise
+            self.deliver(task, "err", 0, e)  # an abandoned pass: the main process counts it
+        except BaseException as e:  # SystemExit too: it would end the loop, and the pass hang
+            self.deliver(task, "err", 0, e)
+        else:
+            self.deliver(task, "ok", time.perf_counter_ns() - started, out)
+        finally:  # not a done callback: that would be one more loop callback per item
+            self.running.pop(key, None)
+
+    async def stop(self, grace: float = CANCEL_GRACE) -> None:
+        """Cancel every task and give their ``finally`` blocks up to *grace* seconds."""
+        self.stopping = True
+        tasks = [t for t, _ in self.running.values()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+
+
+# -- process workers -------------------------------------------------------------------------
+def aio_process_main(
+    conn: Any,
+    job: Any,
+    worker_id: int,
+    num_workers: int,
+    base_seed: int,
+    worker_init: Any,
+    main_pid: int,
+    prefix: str,
+) -> None:
+    """A coroutine worker process: set up as :func:`~pipeflow.parallel._worker.process_main`
+    does, then run one event loop that reads tasks from the pipe while items are in flight."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: one traceback, from the main process
+    threading.Thread(target=_watch_parent, args=(main_pid, prefix), daemon=True).start()
+    try:
+        if isinstance(job, bytes):
+            job = pickle.loads(job)
+        if isinstance(worker_init, bytes):
+            worker_init = pickle.loads(worker_init)
+        seed = seed_worker(base_seed, worker_id)
+        info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
+        set_process_worker_info(info)
+        _tell_torch(info)
+        if worker_init is not None:
+            worker_init(worker_id)
+    except BaseException as e:
+        conn.send_bytes(pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e))))
+        _wait_for_stop(conn)  # exiting now would read as a death, before the error is read
+        return
+    writer = Writer(prefix)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_serve(conn, job, worker_id, writer))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+        writer.close()
+        conn.close()
+
+
+async def _serve(conn: Any, job: CoroutineJob, worker_id: int, writer: Writer) -> None:
+    """Read tasks until told to stop (or the pipe closes), then cancel what is in flight."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the pipe's socket, for the loop
+    sock.setblocking(False)
+    link = _Link(job, worker_id, writer, done)
+    transport, _ = await loop.connect_accepted_socket(lambda: link, sock)
+    try:
+        await done
+        await link.runner.stop()
+    finally:
+        transport.close()
+
+
+class _Link(asyncio.Protocol):
+    """The worker's end of the pipe, in the framing of ``multiprocessing.Connection``: a
+    4-byte big-endian length (or -1 and 8 bytes), then a pickle. Replies are written without
+    blocking, so a worker never waits on the main process while it is sending tasks."""
+
+    def __init__(
+        self, job: CoroutineJob, worker_id: int, writer: Writer, done: asyncio.Future[None]
+    ) -> None:
+        self.worker_id = worker_id
+        self.writer = writer
+        self.done = done
+        self.buffer = bytearray()
+        self.outbox: list[bytes] = []  # frames to write at the end of this turn of the loop
+        self.transport: Any = None
+        self.runner = LoopRunner(job, self._reply)
+        self.job = job
+        self.told_torch = "torch" in sys.modules
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer
+        buf += data
+        while len(buf) >= 4:
+            (size,) = struct.unpack_from("!i", buf)
+            head = 4
+            if size == -1:
+                if len(buf) < 12:
+                    return
+                (size,) = struct.unpack_from("!Q", buf, 4)
+                head = 12
+            if len(buf) < head + size:
+                return
+            task = pickle.loads(buf[head : head + size])
+            del buf[: head + size]
+            if task is None:
+                self._finish()
+                return
+            if task.freed:
+                self.writer.release(task.freed)
+            if not self.told_torch and "torch" in sys.modules:
+                from pipeflow.worker_info import get_worker_info
+
+                info = get_worker_info()
+                self.told_torch = info is not None and _tell_torch(info)
+            self.runner.start(task)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _reply(self, task: Task, kind: str, took: int, value: Any) -> None:
+        if kind == "ok":
+            try:
+                reply = Reply(
+                    task.pass_id, "ok", task.seq, self.worker_id, took, _encode(self, value)
+                )
+            except Exception as e:
+                where = describe_item(task.item, task.seq)
+                annotate(
+                    e, self.job.name, task.epoch, extra="the result could not be sent back", **where
+                )
+                reply = Reply(task.pass_id, "err", task.seq, self.worker_id, 0, remote_error(e))
+        else:
+            reply = Reply(task.pass_id, "err", task.seq, self.worker_id, 0, remote_error(value))
+        data = pickle.dumps(reply, protocol=5)
+        if self.transport is None or self.transport.is_closing():
+            if kind == "ok" and reply.payload.segment is not None:
+                _segments.discard(reply.payload.segment[0])
+            return
+        size = len(data)
+        head = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+        if not self.outbox:  # one write per turn of the loop, not one per reply
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.outbox += (head, data)
+
+    def _flush(self) -> None:
+        frames, self.outbox = self.outbox, []
+        if not self.transport.is_closing():
+            self.transport.writelines(frames)
+
+
+def _encode(link: _Link, value: Any) -> Encoded:
+    return Encoded(*link.writer.encode(value))
