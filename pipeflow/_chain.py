@@ -193,7 +193,11 @@ def _close_all(chain: list[Iterator[Any]]) -> None:
     for link in reversed(chain):
         close = getattr(link, "close", None)
         if close is not None:
-            close()
+            try:
+                close()
+            except ValueError as e:  # running in another thread right now (a thread worker's
+                if "already executing" not in str(e):  # replica): it ends there on its own
+                    raise
 
 
 def _watch(
