@@ -44,8 +44,9 @@ class MapJob:
         self.stages = fn.stages if isinstance(fn, Stage) else None
         self.ignoring = ignoring  # what a later ignore_errors drops (fetch drops samples)
         # What the stages above told this pass (how a shard numbers its items, so that a
-        # random_map in the workers keys its draws as one in the loader would).
-        self.facts = facts or {}
+        # random_map in the workers keys its draws as one in the loader would); not what
+        # described this stage's own input.
+        self.facts = {k: v for k, v in (facts or {}).items() if k != "input"}
 
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""

@@ -209,14 +209,12 @@ class _Kept:
     ) -> tuple[Any, bool]:
         """The pool for one pass, and whether it is the kept one (else close it after).
 
-        A second pass running while the first is (``zip(loader, loader)``) gets its own. A
-        pass whose *facts* (which the workers' job holds) differ from the kept pool's gets a
-        new pool.
+        A second pass running while the first is (``zip(loader, loader)``) gets its own; so
+        does a pass told other *facts* (which the workers' job holds) than the kept pool's.
         """
         if not config.persistent or self.busy:
             return make(), False
-        stale = self.pool is not None and self.facts != facts
-        if self.pool is not None and (self.pool.closed or self.pool.broken or stale):
+        if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
             self.close()
         self.facts = facts
         if self.pool is None:
@@ -252,8 +250,7 @@ class ParallelMap(Stage[T, U]):
     ) -> Iterator[U]:
         config: Settings = self._config["settings"]
         make = CoroutineJob if config.coroutines else MapJob
-        facts = {k: v for k, v in context.facts.items() if k != "input"}  # not its input's
-        job = make(self._config["fn"], "parallel_map", context.ignoring, facts)
+        job = make(self._config["fn"], "parallel_map", context.ignoring, dict(context.facts))
         return run_parallel(job, config, "parallel_map", upstream, context, hooks)
 
     def resumption(self, k: int, context: Context | None) -> Resume:
