@@ -121,7 +121,13 @@ def _contexts(source: Any, stages: tuple[Any, ...], epoch: int, base_seed: Any) 
         ignoring = tuple(t for later in stages[i + 1 :] for t in later.drops_failures())
         context = replace(context, total=n, ignoring=ignoring)
         out.append(context)
-        context = replace(s.context_after(context), positions=None, total=None)
+        after = s.context_after(context)
+        facts = after.facts
+        if "input" in facts and facts["input"] is context.facts.get("input"):
+            # facts["input"] describes the next stage's input only: a stage that did not
+            # publish it anew passes its own input's description on to nobody.
+            facts = {k: v for k, v in facts.items() if k != "input"}
+        context = replace(after, positions=None, total=None, facts=facts)
     return out
 
 

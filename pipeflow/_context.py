@@ -39,6 +39,8 @@ class Context:
             that returns it; ``None`` lets parallel stages derive one from their own seed.
         facts: read-only facts that stages above this one published for those below
             (:meth:`pipeflow.Stage.context_after`), such as how a shard numbers its items.
+            ``facts["input"]`` describes this stage's input alone: the loader drops it
+            after one stage, unless that stage publishes it anew.
         ignoring: the exception types a later ``ignore_errors`` drops: a stage that can
             drop a part of an item (``fetch``: one failed sample of a batch) drops only that
             part, and marks it as dropped.

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context
+from pipeflow._permutation import Permutation, Permuted
 from pipeflow._stage import Stage
+from pipeflow.state import Resume
 from pipeflow.worker_info import get_worker_info, in_replica
 
 __all__ = ["rank_and_world_size", "shard"]
@@ -51,6 +54,13 @@ def shard(
     (``drop_last=True``). It streams: it holds at most ``world_size`` items, and works on
     endless streams too.
 
+    Right after ``indices(n)``, or after a full ``shuffle`` of them, it reads nothing: it
+    computes the indices at its own positions, so a rank's first index comes at once
+    whatever ``n``, and a resumed pass starts where it stopped. It tells the stages after it
+    where its items lie in the epoch (``facts["shard"] == (rank, world_size)``: output ``j``
+    is the epoch's item ``rank + j * world_size``), so :func:`~pipeflow.random_map` draws
+    from the same generators for a sample whatever the world size.
+
     Inside :func:`~pipeflow.parallel_source`, each worker of each rank takes its own share:
     the stream is split over ``world_size * num_workers`` readers, with no duplicates.
 
@@ -78,7 +88,27 @@ def shard(
         raise ValueError(msg)
     _checks.boolean("shard", "drop_last", drop_last)
     config = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
-    return Stage(_shard, "shard", config, length=_shard_length)
+    return _Shard(_shard, "shard", config, length=_shard_length)
+
+
+class _Shard(Stage[T, T]):
+    """``shard``: it seeks over positions, and publishes how it numbers its outputs."""
+
+    __slots__ = ()
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """Over positions, seek (compute from output *k* on); else replay the consumed items:
+        the padding of the last round needs the epoch's first items."""
+        if context is not None and _positions(context) is not None:
+            return Resume.seek()
+        return Resume.replay()
+
+    def context_after(self, context: Context) -> Context:
+        """Publish ``facts["shard"] = (first, step)``: output ``j`` of this stage is item
+        ``first + j * step`` of the epoch before any shard (composed with an earlier one)."""
+        r, w = _resolve(self._config["rank"], self._config["world_size"])
+        first, step = context.facts.get("shard", (0, 1))
+        return replace(context, facts={**context.facts, "shard": (first + step * r, step * w)})
 
 
 def _resolve(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -99,6 +129,17 @@ def _shard_length(n: int, rank: int | None, world_size: int | None, drop_last: b
     return n // w if drop_last else -(-n // w)
 
 
+def _positions(context: Context) -> tuple[int, Permutation | None] | None:
+    """``(n, permutation)`` when this stage's input is ``permutation(0..n-1)`` (``None``:
+    the identity), else ``None``."""
+    if context.positions is not None:
+        return context.positions, None
+    fact = context.facts.get("input")
+    if isinstance(fact, Permuted):
+        return fact.n, fact.permutation()
+    return None
+
+
 def _shard(
     items: Iterable[T],
     rank: int | None,
@@ -106,8 +147,22 @@ def _shard(
     drop_last: bool,
     *,
     context: Context,
-) -> Iterator[T]:
+) -> Iterator[Any]:
     r, w = _resolve(rank, world_size)
+    known = _positions(context)
+    if known is None:
+        return _stream(items, r, w, drop_last)
+    n, permutation = known
+    count = n // w if drop_last else -(-n // w)
+    first, stop = r + context.start * w, r + count * w  # positions past n wrap: the padding
+    if first >= stop:
+        return iter(())
+    if permutation is None:
+        return map(n.__rmod__, range(first, stop, w))
+    return permutation.stream(first, stop, w)
+
+
+def _stream(items: Iterable[T], r: int, w: int, drop_last: bool) -> Iterator[T]:
     head: list[T] = []  # the epoch's first items: what pads the last round
     group: list[T] = []
     for item in items:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context
-from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed, numpy_rng
+from pipeflow._permutation import Permutation, Permuted
+from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
+from pipeflow.state import Resume
 
 __all__ = ["shuffle"]
 
@@ -22,8 +25,10 @@ def shuffle(
 ) -> Stage[T, T]:
     """Shuffle the items of every epoch, reproducibly from ``(seed, epoch)``.
 
-    Without *buffer_size* the stage reads the whole (finite) epoch and yields a uniform random
-    permutation of it: put it right after an index source, where items are small integers.
+    Without *buffer_size* the stage yields a random permutation of the whole (finite) epoch:
+    put it right after an index source. Over ``indices(n)`` it computes the index at each
+    position on its own, in constant memory (a ``shard`` after it computes only its share);
+    over other items it reads the epoch first, then yields it in the same order.
     With *buffer_size* it keeps at most that many items and yields a random one of them for
     every item read — the bounded-memory shuffle for streams; its randomness is local.
 
@@ -31,7 +36,9 @@ def shuffle(
         seed: the seed; ``None`` draws one when the stage is built and keeps it (it is in the
             repr), so a run can always be reproduced.
         buffer_size: bound on the items held, or ``None`` for a full permutation.
-        generator: ``"numpy"`` (PCG64 from ``SeedSequence([seed, epoch])``), or ``"torch"``:
+        generator: ``"numpy"`` (a keyed bijection computed per position, keyed through
+            ``SeedSequence([seed, SHUFFLE, epoch])``: see :mod:`pipeflow._permutation`; over
+            ``indices(n)`` it reads nothing and starts at once), or ``"torch"``:
             ``torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))``,
             the permutation ``DistributedSampler(seed=seed)`` draws, so
             ``indices(n) | shuffle(seed=s, generator="torch") | shard()`` gives every rank the
@@ -62,41 +69,64 @@ def shuffle(
         if seed >= 2**63:
             msg = f"shuffle: a torch generator's seed must be below 2**63 (got {seed})"
             raise ValueError(msg)
-        return Stage(_permute_torch, "shuffle", {"seed": seed, "generator": "torch"}, length="same")
+        config = {"seed": seed, "generator": "torch"}
+        return _FullShuffle(_permute_torch, "shuffle", config, length="same")
     if buffer_size is None:
-        return Stage(_permute, "shuffle", {"seed": seed}, length="same")
+        return _FullShuffle(_permute, "shuffle", {"seed": seed}, length="same")
     buffer_size = _checks.optional_integer("shuffle", "buffer_size", buffer_size, low=1)
     return Stage(
         _buffer_shuffle, "shuffle", {"seed": seed, "buffer_size": buffer_size}, length="same"
     )
 
 
+class _FullShuffle(Stage[T, T]):
+    """A full shuffle: it starts anywhere in its epoch, and over positions it tells the next
+    stage which permutation of them it yields (so a ``shard`` computes its own share)."""
+
+    __slots__ = ()
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """Seek: the permutation (drawn, or computed per position) starts at output *k*."""
+        return Resume.seek()
+
+    def context_after(self, context: Context) -> Context:
+        """Over positions, publish ``facts["input"]``: the next stage reads this permutation."""
+        if context.positions is None or self._config.get("generator") == "torch":
+            return context
+        fact = Permuted(context.positions, self._config["seed"], context.epoch)
+        return replace(context, facts={**context.facts, "input": fact})
+
+
 def _permute(items: Iterable[T], seed: int, *, context: Context) -> Iterator[T]:
-    # The permutation is drawn at the first next(), not at iter(), as every stage reads
-    # nothing before it is asked; from then on the items flow at C speed.
+    # Nothing is computed at iter(), as every stage reads nothing before it is asked (the
+    # generator inside the chain starts at the first next()); then the items flow at C speed.
     return itertools.chain.from_iterable(_draw(items, seed, context))
 
 
-def _draw(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[T]]:
-    rng = numpy_rng(seed, context.epoch)
-    if context.positions is not None:  # the items are 0..n-1: no need to read them
-        yield rng.permutation(context.positions).tolist()
+def _draw(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[Any]]:
+    if context.positions is not None:  # the items are 0..n-1: compute them, read nothing
+        yield Permutation(context.positions, seed, context.epoch).stream(context.start)
         return
     pool = list(items)
-    yield map(pool.__getitem__, rng.permutation(len(pool)).tolist())
+    order = Permutation(len(pool), seed, context.epoch).stream(context.start)
+    yield map(pool.__getitem__, order)
 
 
-def _permute_torch(items: Iterable[T], seed: int, generator: str, *, epoch: int) -> Iterator[T]:
-    return itertools.chain.from_iterable(_draw_torch(items, seed, epoch))
+def _permute_torch(
+    items: Iterable[T], seed: int, generator: str, *, context: Context
+) -> Iterator[T]:
+    return itertools.chain.from_iterable(_draw_torch(items, seed, context))
 
 
-def _draw_torch(items: Iterable[T], seed: int, epoch: int) -> Iterator[Iterable[T]]:
+def _draw_torch(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[Any]]:
     import torch
 
-    pool = list(items)
+    pool = list(items) if context.positions is None else None  # positions: the order is all
     g = torch.Generator()
-    g.manual_seed(seed + epoch)  # DistributedSampler's draw
-    yield map(pool.__getitem__, torch.randperm(len(pool), generator=g).tolist())
+    g.manual_seed(seed + context.epoch)  # DistributedSampler's draw
+    n = len(pool) if pool is not None else context.positions or 0
+    tail = torch.randperm(n, generator=g)[context.start :].tolist()
+    yield tail if pool is None else map(pool.__getitem__, tail)
 
 
 def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:

@@ -64,9 +64,11 @@ def random_map(
     """Apply ``fn(item, rng)`` with a generator made for that item alone.
 
     The generator is determined by ``(seed, epoch, position)``, where *position* is the item's
-    place in the epoch's stream at this stage. It does not depend on the worker that runs it,
-    nor on how many workers there are, nor on where a resumed pass started: random
-    augmentation gives bit-identical results with 0, 1 or 8 workers, threads or processes.
+    place in the epoch's stream at this stage — after a :func:`~pipeflow.shard`, its place
+    before sharding (``rank + j * world_size`` for the rank's item ``j``), so no two ranks
+    draw the same stream. It does not depend on the worker that runs it, nor on how many
+    workers there are, nor on where a resumed pass started: random augmentation gives
+    bit-identical results with 0, 1 or 8 workers, threads or processes.
 
     numpy generators are ``Generator(PCG64(SeedSequence([seed % 2**32, seed >> 32, epoch,
     position])))``; torch generators are seeded with the first two 32-bit words of that
@@ -124,5 +126,9 @@ def _random_map(
         def make(position: int) -> Any:
             return numpy_rng(seed, epoch, position)
 
-    for position, item in enumerate(items, context.offset):
-        yield fn(item, make(position))
+    # After a shard, item j of this rank is item first + j * step of the epoch: the draw is
+    # keyed by that, so ranks never share a stream and a sample's draw is the same for any
+    # world size.
+    first, step = context.facts.get("shard", (0, 1))
+    for j, item in enumerate(items, context.offset):
+        yield fn(item, make(first + j * step))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import subprocess
 import sys
@@ -99,13 +100,37 @@ def test_shuffle_permutation_golden() -> None:
     e1 = list(loader)
     assert e0 == GOLDEN_42[0]
     assert e1 == GOLDEN_42[1]
+    items = pf.from_iterable([f"x{i}" for i in range(10)]) | pf.shuffle(seed=42)
+    assert list(items) == [f"x{i}" for i in GOLDEN_42[0]]  # read, then the same order
 
 
-# shuffle(seed=42) over range(10): numpy PCG64 seeded by SeedSequence([42, 0, epoch]).
+# shuffle(seed=42) over range(10): the keyed bijection of pipeflow._permutation (issue 16;
+# numpy's Generator.permutation before). Pinned since.
 GOLDEN_42 = {
-    0: [5, 6, 0, 7, 3, 2, 4, 9, 1, 8],
-    1: [7, 3, 2, 5, 1, 8, 9, 0, 6, 4],
+    0: [1, 8, 5, 3, 9, 6, 2, 7, 4, 0],
+    1: [0, 7, 2, 5, 3, 1, 6, 8, 4, 9],
 }
+
+
+@pytest.mark.parametrize(
+    ("n", "seed", "epoch", "head"),
+    [
+        (1000, 7, 0, [2, 839, 554, 533, 295, 649, 214, 62]),
+        (10**6, 7, 3, [352434, 173979, 618151, 983134, 762915, 738437]),
+        (10**9, 2**64 - 1, 0, [182911043, 927871365, 31898485, 475283419, 110470360]),
+    ],
+)
+def test_shuffle_golden_sizes(n: int, seed: int, epoch: int, head: list[int]) -> None:
+    loader = pf.indices(n) | pf.shuffle(seed=seed)
+    loader.set_epoch(epoch)
+    assert list(itertools.islice(loader, len(head))) == head
+
+
+def test_shard_after_shuffle_golden() -> None:
+    # Rank 2 of 4 over 13 shuffled indices: positions 2, 6, 10 and 14 (padding: position 1).
+    order = list(pf.indices(13) | pf.shuffle(seed=5))
+    assert list(pf.indices(13) | pf.shuffle(seed=5) | pf.shard(2, 4)) == [0, 4, 10, 12]
+    assert [order[p % 13] for p in (2, 6, 10, 14)] == [0, 4, 10, 12]
 
 
 @given(n=lengths, seed=seeds, buffer=st.integers(1, 50), epoch=epochs)

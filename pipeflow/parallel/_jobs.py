@@ -37,11 +37,16 @@ class MapJob:
         fn: Callable[[Any], Any] | Stage[Any, Any],
         name: str,
         ignoring: tuple[type[BaseException], ...] = (),
+        facts: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
         self.name = name
         self.stages = fn.stages if isinstance(fn, Stage) else None
         self.ignoring = ignoring  # what a later ignore_errors drops (fetch drops samples)
+        # What the stages above told this pass (how a shard numbers its items, so that a
+        # random_map in the workers keys its draws as one in the loader would); not what
+        # described this stage's own input.
+        self.facts = {k: v for k, v in (facts or {}).items() if k != "input"}
 
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""
@@ -61,7 +66,8 @@ class MapJob:
                 annotate(e, self.name, epoch, **describe_item(item, seq))
                 raise
         failed: list[str] = []
-        context = Context(epoch, offset=seq, ignoring=self.ignoring)  # its place in the pass
+        # The item's place in the pass, and what the pass was told.
+        context = Context(epoch, offset=seq, ignoring=self.ignoring, facts=self.facts)
         dropped: list[Failure] = []
         it: Iterator[Any] = iter((item,))
         for s in self.stages:

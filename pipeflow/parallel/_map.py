@@ -55,7 +55,9 @@ def run_parallel(
         return
     kept = hooks.resources.setdefault("pool", _Kept())
     pool, borrowed = kept.borrow(
-        config, lambda: config.make_pool(job, name, config.base_seed(context))
+        config,
+        lambda: config.make_pool(job, name, config.base_seed(context)),
+        getattr(job, "facts", None),
     )
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
     out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
@@ -195,21 +197,26 @@ def _inline(
 class _Kept:
     """A persistent pool, kept by the loader between its passes."""
 
-    __slots__ = ("busy", "pool")
+    __slots__ = ("busy", "facts", "pool")
 
     def __init__(self) -> None:
         self.pool: Any = None
         self.busy = False
+        self.facts: Any = None
 
-    def borrow(self, config: Settings, make: Callable[[], Any]) -> tuple[Any, bool]:
+    def borrow(
+        self, config: Settings, make: Callable[[], Any], facts: Any = None
+    ) -> tuple[Any, bool]:
         """The pool for one pass, and whether it is the kept one (else close it after).
 
-        A second pass running while the first is (``zip(loader, loader)``) gets its own.
+        A second pass running while the first is (``zip(loader, loader)``) gets its own; so
+        does a pass told other *facts* (which the workers' job holds) than the kept pool's.
         """
         if not config.persistent or self.busy:
             return make(), False
-        if self.pool is not None and (self.pool.closed or self.pool.broken):
+        if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
             self.close()
+        self.facts = facts
         if self.pool is None:
             self.pool = make()
         self.busy = True
@@ -243,7 +250,7 @@ class ParallelMap(Stage[T, U]):
     ) -> Iterator[U]:
         config: Settings = self._config["settings"]
         make = CoroutineJob if config.coroutines else MapJob
-        job = make(self._config["fn"], "parallel_map", context.ignoring)
+        job = make(self._config["fn"], "parallel_map", context.ignoring, dict(context.facts))
         return run_parallel(job, config, "parallel_map", upstream, context, hooks)
 
     def resumption(self, k: int, context: Context | None) -> Resume:
