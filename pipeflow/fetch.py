@@ -80,6 +80,9 @@ def _fetch(
                     except ignoring as e:  # only the sample: a shorter batch
                         _note(e, dataset, index, key, epoch)
                         dropped.append(Failure(e, [index], dropped=True))
+                if not out and dropped:  # nothing left: the batch failed as a whole
+                    yield Failure(dropped[0].error, key)
+                    continue
                 yield out
                 yield from dropped  # counted by ignore_errors, after the batch they left
             elif batched:
