@@ -137,6 +137,8 @@ class DataLoader(tud.DataLoader[T_co]):
         if self._pf_loader is not None and key == self._pf_key:
             return self._pf_loader
         collate_fn = _FASTER.get(self.collate_fn, self.collate_fn)
+        if collate_fn is default_collate and operator.index(self.num_workers) > 0:
+            collate_fn = _collate_in_worker
         # What torch accepts (numpy integers, 0/1 for flags) is normalised here, so pipeflow's
         # stages, which check strictly, see plain ints and bools.
         num_workers = operator.index(self.num_workers)
@@ -309,6 +311,46 @@ class DataLoader(tud.DataLoader[T_co]):
                     msg += _REPLICA_HINT
                 warnings.warn(msg, stacklevel=2)
             yield item
+
+
+def _collate_in_worker(batch: Any) -> Any:
+    """``default_collate`` as torch's runs inside a worker.
+
+    There torch stacks into a shared-memory tensor of the first sample's dtype: a float64
+    sample among float32 ones gives a float32 batch, and mixes it cannot cast to that dtype
+    (int32 then float32) or samples that require grad are refused. Batches whose tensors all
+    agree (nearly all) take pipeflow's faster collate, which gives the same batch; the others
+    go to torch's own, in the worker, so they get torch's dtype or torch's error.
+    """
+    if _uniform(batch):
+        return default_collate(batch)
+    return tud.default_collate(batch)
+
+
+def _uniform(batch: Any) -> bool:
+    """Whether every tensor or array position of *batch* has one dtype and no grad."""
+    if not isinstance(batch, (list, tuple)) or not batch:
+        return True
+    first = batch[0]
+    if isinstance(first, torch.Tensor):
+        return all(
+            isinstance(x, torch.Tensor) and x.dtype == first.dtype and not x.requires_grad
+            for x in batch
+        )
+    dtype = getattr(first, "dtype", None)
+    if dtype is not None and hasattr(first, "__array__"):  # numpy arrays and scalars
+        return all(getattr(x, "dtype", None) == dtype for x in batch)
+    if isinstance(first, dict):
+        try:
+            return all(_uniform([x[k] for x in batch]) for k in first)
+        except (KeyError, TypeError):
+            return False
+    if isinstance(first, (list, tuple)):
+        size = len(first)
+        if not all(isinstance(x, (list, tuple)) and len(x) == size for x in batch):
+            return False
+        return all(_uniform(list(column)) for column in zip(*batch))
+    return True
 
 
 _REPLICA_HINT = (

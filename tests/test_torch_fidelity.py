@@ -265,3 +265,42 @@ def test_nested_tensors_from_workers(context: str) -> None:
             next(iter(dl))
         del dl
     assert_same(got[0], got[1])
+
+
+# -- point 6: collate inside workers, with torch's dtype rules -------------------------------------
+class MixedDtypes(tud.Dataset):
+    """Sample 1 differs from the others: another dtype, or a tensor that requires grad."""
+
+    def __init__(self, odd: str) -> None:
+        self.odd = odd
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = torch.full((2,), float(i))
+        if i == 1 and self.odd == "float64":
+            x = x.double()
+        elif i == 1 and self.odd == "requires_grad":
+            x = x.requires_grad_()
+        elif i == 0 and self.odd == "int32_first":
+            x = x.int()
+        return {"x": x, "y": np.float32(i) if self.odd != "numpy" or i != 1 else np.float64(i)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("odd", ["float64", "numpy", "requires_grad", "int32_first"])
+def test_collate_dtypes_as_torch(odd: str, workers: int) -> None:
+    outcomes = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(MixedDtypes(odd), batch_size=4, num_workers=workers)
+        try:
+            outcomes.append([{k: v.detach() for k, v in b.items()} for b in dl])
+        except (RuntimeError, TypeError) as e:  # torch's own words and type
+            outcomes.append(type(e))
+        del dl
+    ours, ref = outcomes
+    if isinstance(ref, type):
+        assert ours is ref
+    else:
+        assert_same(ours, ref)
