@@ -368,6 +368,12 @@ class _Stream(_FromIterable):
     iterable for its length to size the pass.
     """
 
+    def __init__(self, dataset: Iterable[Any]) -> None:
+        super().__init__(dataset)
+        # torch calls iter(dataset) every epoch and trusts it: an IterableDataset that is its
+        # own iterator and starts over in __iter__ (DataPipes do) is not a one-shot stream.
+        self.one_shot = False
+
     def length(self) -> int | None:
         return None
 

@@ -304,3 +304,26 @@ def test_collate_dtypes_as_torch(odd: str, workers: int) -> None:
         assert ours is ref
     else:
         assert_same(ours, ref)
+
+
+# -- point 9 (part): an IterableDataset that is its own iterator and starts over in __iter__ ------
+class Resettable(tud.IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.i = 0
+
+    def __iter__(self) -> Resettable:
+        self.i = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_resettable_iterator_dataset(workers: int) -> None:
+    ours, ref = run_both(Resettable(5), epochs=2, batch_size=2, num_workers=workers)
+    assert_same(ours, ref)
