@@ -460,6 +460,8 @@ class _WorkerIter:
             close()
 
     def __getattr__(self, name: str) -> Any:  # state, stats... of the pass underneath
+        if name in _WorkerIter.__slots__:  # not set (a copy made without __init__)
+            raise AttributeError(name)
         return getattr(self._it, name)
 
 
