@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import functools
 import inspect
+import operator
+import signal
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
 import torch
@@ -25,10 +27,11 @@ from torch.utils.data.dataloader import _DatasetKind
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import _accelerator, pin_memory
+from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
-from pipeflow.sources import from_iterable, from_sampler
+from pipeflow.sources import _FromIterable, from_sampler
 
 __all__ = ["DataLoader"]
 
@@ -111,6 +114,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_rng_at_start: str | None = None
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
+        self._pf_primed: _Primed | None = None
 
     # -- the pipeline ----------------------------------------------------------------------
     def pipeline(self) -> Loader[Any]:
@@ -133,29 +137,41 @@ class DataLoader(tud.DataLoader[T_co]):
         if self._pf_loader is not None and key == self._pf_key:
             return self._pf_loader
         collate_fn = _FASTER.get(self.collate_fn, self.collate_fn)
+        if collate_fn is default_collate and operator.index(self.num_workers) > 0:
+            collate_fn = _collate_in_worker
+        # What torch accepts (numpy integers, 0/1 for flags) is normalised here, so pipeflow's
+        # stages, which check strictly, see plain ints and bools.
+        num_workers = operator.index(self.num_workers)
+        prefetch = 0 if self.prefetch_factor is None else operator.index(self.prefetch_factor)
+        in_order = bool(self.in_order)
         workers = {
-            "workers": self.num_workers,
+            "workers": num_workers,
             "backend": "process",
-            "ordered": self.in_order,
-            "max_in_flight": max(1, (self.prefetch_factor or 0) * self.num_workers),
+            "ordered": in_order,
+            "max_in_flight": max(1, prefetch * num_workers),
             "mp_context": self.multiprocessing_context,
             "worker_init": self.worker_init_fn,
-            "timeout": self.timeout or None,
-            "persistent": self.persistent_workers,
+            "timeout": float(self.timeout) or None,
+            "persistent": bool(self.persistent_workers),
         }
         loader: Loader[Any]
+        self._pf_primed = None
         if self._dataset_kind == _DatasetKind.Iterable:
-            loader = from_iterable(self.dataset)  # type: ignore[arg-type]
+            loader = Loader(_Stream(self.dataset))  # type: ignore[arg-type]
             if self.batch_size is not None:
-                loader = loader | batch(self.batch_size, drop_last=self.drop_last)
+                size = operator.index(self.batch_size)
+                loader = loader | batch(size, drop_last=bool(self.drop_last))
             loader = loader | collate(collate_fn)
-            if self.num_workers > 0:  # every worker iterates its own replica, as in torch
+            if num_workers > 0:  # every worker iterates its own replica, as in torch
                 loader = parallel_source(loader, **workers)
         else:
             # torch never calls set_epoch on samplers itself; the user does.
-            loader = from_sampler(self._index_sampler, set_epoch=False)
+            sampler: Iterable[Any] = self._index_sampler
+            if num_workers > 0:  # torch draws the first indices at iter(): see __iter__
+                sampler = self._pf_primed = _primed(sampler)
+            loader = from_sampler(sampler, set_epoch=False)
             work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
-            if self.num_workers > 0 or not self.in_order:  # batch k to worker k % num_workers
+            if num_workers > 0 or not in_order:  # batch k to worker k % num_workers
                 work = parallel_map(work, round_robin=True, **workers)
             loader = loader | work
         if self.pin_memory and _accelerator():
@@ -184,11 +200,18 @@ class DataLoader(tud.DataLoader[T_co]):
         if not reuse:
             draw()
             self._pf_drawn = True
+        if self._pf_primed is not None:
+            # torch's worker iterator puts prefetch_factor * num_workers batches of indices
+            # in its queues before iter() returns: the sampler's order is drawn there, after
+            # the base seed. Two live iterators (zip(dl, dl)) then see what torch's see.
+            self._pf_primed.prime(operator.index(self.prefetch_factor or 0) * self.num_workers)
         if (
             self._dataset_kind == _DatasetKind.Iterable
             and self._IterableDataset_len_called is not None
         ):
-            return self._count_against_len(it, self._IterableDataset_len_called)
+            it = self._count_against_len(it, self._IterableDataset_len_called)
+        if self.num_workers > 0:
+            return _WorkerIter(it, self.timeout)
         return it
 
     def stats(self) -> Any:
@@ -279,9 +302,181 @@ class DataLoader(tud.DataLoader[T_co]):
     def _count_against_len(self, it: Iterator[Any], length: int) -> Iterator[Any]:
         for n, item in enumerate(it, 1):
             if n > length:
-                warnings.warn(
+                # torch's words, its missing space included: users filter warnings by them.
+                msg = (
                     f"Length of IterableDataset {self.dataset} was reported to be {length}"
-                    f"(when accessing len(dataloader)), but {n} samples have been fetched. ",
-                    stacklevel=2,
+                    f"(when accessing len(dataloader)), but {n} samples have been fetched. "
                 )
+                if self.num_workers > 0:
+                    msg += _REPLICA_HINT
+                warnings.warn(msg, stacklevel=2)
             yield item
+
+
+def _collate_in_worker(batch: Any) -> Any:
+    """``default_collate`` as torch's runs inside a worker.
+
+    There torch stacks into a shared-memory tensor of the first sample's dtype: a float64
+    sample among float32 ones gives a float32 batch, and mixes it cannot cast to that dtype
+    (int32 then float32) or samples that require grad are refused. Batches whose tensors all
+    agree (nearly all) take pipeflow's faster collate, which gives the same batch; the others
+    go to torch's own, in the worker, so they get torch's dtype or torch's error.
+    """
+    if _uniform(batch):
+        return default_collate(batch)
+    return tud.default_collate(batch)
+
+
+def _uniform(batch: Any) -> bool:
+    """Whether every tensor or array position of *batch* has one dtype and no grad."""
+    if not isinstance(batch, (list, tuple)) or not batch:
+        return True
+    first = batch[0]
+    if isinstance(first, torch.Tensor):
+        return all(
+            isinstance(x, torch.Tensor) and x.dtype == first.dtype and not x.requires_grad
+            for x in batch
+        )
+    dtype = getattr(first, "dtype", None)
+    if dtype is not None and hasattr(first, "__array__"):  # numpy arrays and scalars
+        return all(getattr(x, "dtype", None) == dtype for x in batch)
+    if isinstance(first, dict):
+        try:
+            return all(_uniform([x[k] for x in batch]) for k in first)
+        except (KeyError, TypeError):
+            return False
+    if isinstance(first, (list, tuple)):
+        size = len(first)
+        if not all(isinstance(x, (list, tuple)) and len(x) == size for x in batch):
+            return False
+        return all(_uniform(list(column)) for column in zip(*batch))
+    return True
+
+
+_REPLICA_HINT = (
+    "For multiprocessing data-loading, this could be caused by not properly configuring the "
+    "IterableDataset replica at each worker. Please see "
+    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+)
+
+
+class _Stream(_FromIterable):
+    """An ``IterableDataset`` as a source that never asks for its length.
+
+    torch never calls ``len(dataset)`` while iterating (only ``len(dataloader)`` does), and a
+    stream's ``__len__`` may raise or be costly; pipeflow's ``from_iterable`` asks a sized
+    iterable for its length to size the pass.
+    """
+
+    def __init__(self, dataset: Iterable[Any]) -> None:
+        super().__init__(dataset)
+        # torch calls iter(dataset) every epoch and trusts it: an IterableDataset that is its
+        # own iterator and starts over in __iter__ (DataPipes do) is not a one-shot stream.
+        self.one_shot = False
+
+    def length(self) -> int | None:
+        return None
+
+
+class _Primed:
+    """A sampler whose next ``iter()`` can be made to draw its first items ahead of use."""
+
+    def __init__(self, sampler: Iterable[Any]) -> None:
+        self.sampler = sampler
+        self.last: _PrimedIter | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        self.last = _PrimedIter(iter(self.sampler))
+        return self.last
+
+    def prime(self, count: int) -> None:
+        """Draw *count* items of the pass just started now, as torch's iterator does."""
+        if self.last is not None:
+            self.last.prime(count)
+            self.last = None
+
+    def __repr__(self) -> str:
+        return repr(self.sampler)
+
+
+class _SizedPrimed(_Primed):
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+
+def _primed(sampler: Iterable[Any]) -> _Primed:
+    return _SizedPrimed(sampler) if isinstance(sampler, Sized) else _Primed(sampler)
+
+
+class _PrimedIter:
+    __slots__ = ("ahead", "it")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self.it = it
+        self.ahead: list[Any] = []
+
+    def prime(self, count: int) -> None:
+        for _ in range(count):
+            try:
+                self.ahead.append(next(self.it))
+            except StopIteration:
+                return
+
+    def __iter__(self) -> _PrimedIter:
+        return self
+
+    def __next__(self) -> Any:
+        if self.ahead:
+            return self.ahead.pop(0)
+        return next(self.it)
+
+
+class _WorkerIter:
+    """The iterator of a DataLoader with workers: pipeflow's pass, with torch's words added to
+    the errors users grep their logs and write ``except`` filters for."""
+
+    __slots__ = ("_it", "_timeout")
+
+    def __init__(self, it: Iterator[Any], timeout: float) -> None:
+        self._it = it
+        self._timeout = timeout
+
+    def __iter__(self) -> _WorkerIter:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except WorkerDiedError as e:
+            _torch_words(e, _died_words(e))
+            raise
+        except WorkerTimeoutError as e:
+            _torch_words(e, f"DataLoader timed out after {self._timeout} seconds")
+            raise
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if callable(close):
+            close()
+
+    def __getattr__(self, name: str) -> Any:  # state, stats... of the pass underneath
+        if name in _WorkerIter.__slots__:  # not set (a copy made without __init__)
+            raise AttributeError(name)
+        return getattr(self._it, name)
+
+
+def _died_words(e: WorkerDiedError) -> str:
+    pid, code = getattr(e, "pid", None), getattr(e, "exitcode", None)
+    if pid is not None and code is not None and code < 0:
+        try:
+            name = signal.strsignal(-code) or f"signal {-code}"
+        except ValueError:
+            name = f"signal {-code}"
+        return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
+    return f"DataLoader worker (pid(s) {pid if pid is not None else '?'}) exited unexpectedly"
+
+
+def _torch_words(e: BaseException, words: str) -> None:
+    text = str(e)
+    if not text.startswith("DataLoader "):
+        e.args = (f"{words} ({text})",)

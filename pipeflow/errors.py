@@ -43,7 +43,24 @@ class WorkerError(PipeflowError):
 
 
 class WorkerDiedError(PipeflowError):
-    """A worker process ended without being asked to (killed, crashed, ``os._exit``)."""
+    """A worker process ended without being asked to (killed, crashed, ``os._exit``).
+
+    Attributes:
+        pid: the worker's process id, when known.
+        exitcode: its exit code (negative: the signal that killed it), when known.
+    """
+
+    def __init__(self, text: str, *, pid: int | None = None, exitcode: int | None = None) -> None:
+        super().__init__(text)
+        self.pid = pid
+        self.exitcode = exitcode
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_died, (str(self), self.pid, self.exitcode))
+
+
+def _rebuild_died(text: str, pid: int | None, exitcode: int | None) -> WorkerDiedError:
+    return WorkerDiedError(text, pid=pid, exitcode=exitcode)
 
 
 class WorkerTimeoutError(PipeflowError, TimeoutError):

@@ -239,15 +239,20 @@ class ProcessPool:
                     continue
                 assert isinstance(r, multiprocessing.connection.Connection)
                 wid = self.by_fd[r.fileno()]
-                try:
-                    while _readable(r):
+                while True:
+                    try:
+                        if not _readable(r):
+                            break
                         msg = r.recv_bytes()
-                        got = True
-                        res = self._receive(wid, msg)
-                        if res is not None:
-                            out.append(res)
-                except (EOFError, OSError):  # the pipe closed: the worker is gone
-                    dead.append(wid)
+                    except (EOFError, OSError):  # the pipe closed: the worker is gone
+                        dead.append(wid)
+                        break
+                    got = True
+                    # Outside the try: a worker_init that raised an OSError (a missing file)
+                    # is re-raised here, and must not read as a closed pipe.
+                    res = self._receive(wid, msg)
+                    if res is not None:
+                        out.append(res)
             if got:
                 return out  # deliver what came first; a death shows up on the next call
             for wid in dead:
@@ -330,7 +335,7 @@ class ProcessPool:
                 "docker run --shm-size=8g) or lower max_in_flight"
             )
         self.broken = True
-        raise WorkerDiedError(msg)
+        raise WorkerDiedError(msg, pid=proc.pid, exitcode=code)
 
     def in_flight(self) -> str:
         parts = [

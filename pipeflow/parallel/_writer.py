@@ -37,7 +37,8 @@ def _rebuild_tensor(array: Any, dtype: str, shape: tuple[int, ...], requires_gra
 def _reduce_tensor(t: Any) -> Any:
     import torch
 
-    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_nested:
+        # a nested tensor's layout reads as strided, but it has no flat buffer to reshape
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
     return _rebuild_tensor, (flat, str(t.dtype), tuple(t.shape), t.requires_grad)

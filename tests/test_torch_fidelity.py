@@ -1,0 +1,329 @@
+"""``pf.DataLoader`` against ``torch.utils.data.DataLoader`` itself, where issue 14 found them apart.
+
+Each test runs the same code on both classes and compares what a user sees: the batches (types,
+dtypes, values), the errors (type and torch's words) and the warnings. Worker tests run with
+fork; the spawn variants are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import pipeflow as pf
+from tests.test_dataloader import assert_same
+
+SPAWN = pytest.param("spawn", marks=[pytest.mark.slow, pytest.mark.timeout(300)])
+CONTEXTS = ["fork", SPAWN]
+
+
+def run_both(dataset: Any, epochs: int = 1, **kwargs: Any) -> tuple[list[Any], list[Any]]:
+    """Every batch of *epochs* epochs from pipeflow's class and from torch's, same settings."""
+    out = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(dataset, generator=torch.Generator().manual_seed(7), **kwargs)
+        out.append([b for _ in range(epochs) for b in dl])
+        del dl
+    return out[0], out[1]
+
+
+# -- point 2: len(dataset) is never called on an IterableDataset while iterating ---------------
+class NoLenStream(tud.IterableDataset):
+    """A stream whose ``__len__`` raises, as a stream with an unknown length may; sharded."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+    def __len__(self) -> int:
+        raise TypeError("this stream has no length")
+
+
+@pytest.mark.parametrize("context", [None, *CONTEXTS])
+def test_iterable_dataset_len_never_called(context: str | None) -> None:
+    workers = {} if context is None else {"num_workers": 2, "multiprocessing_context": context}
+    ours, ref = run_both(NoLenStream(9), batch_size=2, **workers)
+    assert_same(ours, ref)
+
+
+# -- point 7: argument types torch accepts --------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_workers": np.int64(2)},
+        {"num_workers": 2, "prefetch_factor": np.int64(3)},
+        {"num_workers": 2, "persistent_workers": 1},
+        {"num_workers": 1, "in_order": 0},
+        {"num_workers": np.int32(2), "timeout": np.float64(30.0)},
+    ],
+    ids=repr,
+)
+def test_argument_types_torch_accepts(kwargs: dict[str, Any]) -> None:
+    ours, ref = run_both(torch.arange(10.0), epochs=2, batch_size=3, shuffle=True, **kwargs)
+    assert_same(ours, ref)
+
+
+def test_argument_types_torch_accepts_iterable() -> None:
+    stream = NoLenStream(9)
+    ours, ref = run_both(stream, batch_size=4, drop_last=True, num_workers=np.int64(1))
+    assert_same(ours, ref)
+
+
+# -- point 8: two live iterators draw the sampler's order at iter(), as torch's do -------------
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("seeded", [True, False], ids=["generator", "global"])
+def test_two_live_iterators(context: str, seeded: bool) -> None:
+    got = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        gen = torch.Generator().manual_seed(11) if seeded else None
+        torch.manual_seed(11)
+        dl = cls(
+            torch.arange(12),
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            multiprocessing_context=context,
+            generator=gen,
+        )
+        got.append(list(zip(dl, dl)))
+        del dl
+    assert_same(got[0], got[1])
+
+
+def test_two_live_iterators_without_workers() -> None:
+    got = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(torch.arange(12), batch_size=4, shuffle=True,
+                 generator=torch.Generator().manual_seed(5))  # fmt: skip
+        got.append(list(zip(dl, dl)))
+    assert_same(got[0], got[1])
+
+
+# -- point 5: an OSError in worker_init_fn reaches the user with its type and traceback ----------
+def open_missing_database(worker_id: int) -> None:
+    raise FileNotFoundError(2, "No such file or directory", f"/nonexistent/db-{worker_id}.sqlite")
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_worker_init_oserror(context: str) -> None:
+    errors = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(torch.arange(6), batch_size=2, num_workers=2, multiprocessing_context=context,
+                 worker_init_fn=open_missing_database)  # fmt: skip
+        with pytest.raises(FileNotFoundError) as info:
+            next(iter(dl))
+        errors.append(info.value)
+        del dl
+    ours, ref = errors
+    assert type(ours) is type(ref) is FileNotFoundError
+    assert re.search(r"/nonexistent/db-\d\.sqlite", str(ref))
+    assert re.search(r"/nonexistent/db-\d\.sqlite", str(ours))
+    # the worker-side traceback comes along, naming the user's function
+    assert "open_missing_database" in str(ours.__cause__)
+
+
+# -- point 4: persistent workers restart the round-robin at worker 0 each epoch ------------------
+class WhoAndDraw(tud.Dataset):
+    """Which worker served each sample, and a draw from the worker's seeded generator."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> tuple[int, int, torch.Tensor]:
+        info = tud.get_worker_info()
+        return i, -1 if info is None else info.id, torch.rand(1)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_persistent_workers_round_robin_each_epoch(context: str) -> None:
+    # 10 samples in batches of 2: 5 batches, not a multiple of 2 workers
+    ours, ref = run_both(WhoAndDraw(), epochs=3, batch_size=2, num_workers=2,
+                         persistent_workers=True, multiprocessing_context=context)  # fmt: skip
+    assert len(ours) == 15
+    assert_same(ours, ref)
+
+
+# -- point 10: torch's words in the messages -----------------------------------------------------
+class Sleepy(tud.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i == 0:
+            import time
+
+            time.sleep(3)
+        return i
+
+
+def test_timeout_message() -> None:
+    for cls in (tud.DataLoader, pf.DataLoader):
+        dl = cls(Sleepy(), batch_size=2, num_workers=1, timeout=1)
+        with pytest.raises(RuntimeError, match=r"DataLoader timed out after 1 seconds") as info:
+            next(iter(dl))
+        del dl
+    assert "timeout=1" in str(info.value)  # pipeflow's detail is kept
+
+
+class KillSelf(tud.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+
+class ExitSelf(KillSelf):
+    def __getitem__(self, i: int) -> int:
+        if i == 2:
+            import os
+
+            os._exit(3)
+        return i
+
+
+def test_killed_worker_message() -> None:
+    dl = pf.DataLoader(KillSelf(), batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError) as info:
+        list(dl)
+    # the phrase torch's test_segfault asserts, then pipeflow's detail
+    assert re.search(
+        r"DataLoader worker \(pid \d+\) is killed by signal: Killed\.", str(info.value)
+    )
+    assert "while holding" in str(info.value)
+    assert info.value.exitcode == -9
+
+
+def test_exited_worker_message() -> None:
+    dl = pf.DataLoader(ExitSelf(), batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError) as info:
+        list(dl)
+    assert re.search(r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly", str(info.value))
+    assert "exited with code 3" in str(info.value)
+
+
+class LongerThanSaid(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+    def __len__(self) -> int:
+        return 4
+
+    def __repr__(self) -> str:
+        return "LongerThanSaid()"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_length_exceeded_warning(workers: int) -> None:
+    messages = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(LongerThanSaid(), batch_size=None, num_workers=workers)
+        assert len(dl) == 4
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(dl)
+        messages.append([str(w.message) for w in caught if "Length of" in str(w.message)])
+        del dl
+    assert messages[0] == messages[1]
+    assert len(messages[0]) == 2
+    assert ("For multiprocessing data-loading" in messages[0][0]) == (workers > 0)
+
+
+# -- point 3: nested tensors come back from process workers -------------------------------------
+def clone_collate(batch: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [x.clone() for x in batch]
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_nested_tensors_from_workers(context: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    dataset = [torch.nested.nested_tensor([torch.randn(5, generator=gen)]) for _ in range(6)]
+    got = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(dataset, batch_size=1, num_workers=2, collate_fn=clone_collate,
+                 multiprocessing_context=context)  # fmt: skip
+        got.append([b[0].unbind() for b in dl])
+        # the default collate refuses them, in torch's words
+        dl = cls(dataset, batch_size=1, num_workers=2, multiprocessing_context=context)
+        with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
+            next(iter(dl))
+        del dl
+    assert_same(got[0], got[1])
+
+
+# -- point 6: collate inside workers, with torch's dtype rules -------------------------------------
+class MixedDtypes(tud.Dataset):
+    """Sample 1 differs from the others: another dtype, or a tensor that requires grad."""
+
+    def __init__(self, odd: str) -> None:
+        self.odd = odd
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = torch.full((2,), float(i))
+        if i == 1 and self.odd == "float64":
+            x = x.double()
+        elif i == 1 and self.odd == "requires_grad":
+            x = x.requires_grad_()
+        elif i == 0 and self.odd == "int32_first":
+            x = x.int()
+        return {"x": x, "y": np.float32(i) if self.odd != "numpy" or i != 1 else np.float64(i)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("odd", ["float64", "numpy", "requires_grad", "int32_first"])
+def test_collate_dtypes_as_torch(odd: str, workers: int) -> None:
+    outcomes = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        dl = cls(MixedDtypes(odd), batch_size=4, num_workers=workers)
+        try:
+            outcomes.append([{k: v.detach() for k, v in b.items()} for b in dl])
+        except (RuntimeError, TypeError) as e:  # torch's own words and type
+            outcomes.append(type(e))
+        del dl
+    ours, ref = outcomes
+    if isinstance(ref, type):
+        assert ours is ref
+    else:
+        assert_same(ours, ref)
+
+
+# -- point 9 (part): an IterableDataset that is its own iterator and starts over in __iter__ ------
+class Resettable(tud.IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.i = 0
+
+    def __iter__(self) -> Resettable:
+        self.i = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_resettable_iterator_dataset(workers: int) -> None:
+    ours, ref = run_both(Resettable(5), epochs=2, batch_size=2, num_workers=workers)
+    assert_same(ours, ref)
