@@ -40,7 +40,7 @@ from typing import Any
 
 from pipeflow import _checks
 
-__all__ = ["ENV", "active", "pickled_modules", "serve", "set_warm_start", "warm_context"]
+__all__ = ["ENV", "active", "ensure_running", "pickled_modules", "serve", "set_warm_start", "warm_context"]
 
 #: The environment variable that turns the warm start off (``0``, ``false``, ``no``, ``off``).
 ENV = "PIPEFLOW_WARM_START"
@@ -148,6 +148,14 @@ def _popen(process_obj: Any) -> Any:
     return importlib.import_module(f"multiprocessing.popen_{plain}").Popen(process_obj)
 
 
+def ensure_running() -> None:
+    """Start the warm server now, if the warm start is on (a test suite does, before it counts
+    processes and file descriptors)."""
+    server = _server(None)
+    if server is not None:
+        server.ensure_running()
+
+
 def _server(process_obj: Any) -> Any:
     with _LOCK:
         if not active():
@@ -163,6 +171,8 @@ def _preload(process_obj: Any) -> list[str]:
     """What the server imports: what a worker of this process would, or does anyway."""
     names: list[str] = [m for m in ("numpy", "torch") if m in sys.modules]
     names.append("pipeflow.parallel._worker")
+    if process_obj is None:
+        return names
     if process_obj._start_method == "forkserver":  # the user's own preload list, if any
         from multiprocessing import forkserver
 
