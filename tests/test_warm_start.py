@@ -26,7 +26,7 @@ from tests.conftest import children
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DATASET = '''
+DATASET = """
 import os, random, sys
 import numpy as np
 import torch
@@ -60,9 +60,9 @@ class Probe:
 
 def square(i):
     return dict(i=i * i, pid=os.getpid(), ppid=os.getppid())
-'''
+"""
 
-MAIN = '''
+MAIN = """
 import json, os, sys, time
 import torch
 import torch.utils.data as tud
@@ -99,7 +99,7 @@ if __name__ == "__main__":
     pf.set_warm_start(False)
     out["off"] = rows("pf", multiprocessing_context="spawn")
     print(json.dumps(out))
-'''
+"""
 
 
 def run_script(tmp_path: Path, main: str, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -205,7 +205,7 @@ def test_nothing_left_after_exit(probe: Any) -> None:
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"pipeflow-{probe['main']}-")]
 
 
-KILLED = '''
+KILLED = """
 import os, sys, time
 import torch
 import pipeflow as pf
@@ -218,7 +218,7 @@ if __name__ == "__main__":
     pids = {r["pid"] for r in loader} | {r["ppid"] for r in loader}
     print(" ".join(map(str, pids)), flush=True)
     time.sleep(60)
-'''
+"""
 
 
 @pytest.mark.slow

@@ -40,7 +40,15 @@ from typing import Any
 
 from pipeflow import _checks
 
-__all__ = ["ENV", "active", "ensure_running", "pickled_modules", "serve", "set_warm_start", "warm_context"]
+__all__ = [
+    "ENV",
+    "active",
+    "ensure_running",
+    "pickled_modules",
+    "serve",
+    "set_warm_start",
+    "warm_context",
+]
 
 #: The environment variable that turns the warm start off (``0``, ``false``, ``no``, ``off``).
 ENV = "PIPEFLOW_WARM_START"
