@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import pipeflow as pf
-from pipeflow.parallel import _warm
+from pipeflow.parallel import _warm, _zygote
 from tests.conftest import children
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,7 +289,7 @@ def test_a_failing_server_falls_back_to_plain_spawn(monkeypatch: pytest.MonkeyPa
             raise ConnectionRefusedError("refused")
 
     _warm._stop()
-    monkeypatch.setattr(_warm, "_new_server", lambda modules: Broken())
+    monkeypatch.setattr(_zygote, "new_server", lambda modules: Broken())
     try:
         stage = pf.parallel_map(double, workers=1, backend="process", mp_context="spawn")
         with warnings.catch_warnings(record=True) as caught:
