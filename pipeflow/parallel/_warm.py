@@ -12,7 +12,6 @@ Windows; should the server fail, pools fall back to plain spawn or forkserver, w
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import multiprocessing
 import os
@@ -221,19 +220,25 @@ def _stop() -> None:
         _stop_server(server)
 
 
-def _stop_server(server: Any, wait: float = 1.0) -> None:
-    """Close the server's "alive" pipe: it exits once its live workers have stopped too."""
-    if server.owner != os.getpid() or server._forkserver_alive_fd is None:
+def _stop_server(server: Any, wait: float = 0.5) -> None:
+    """Close the server's "alive" pipe, and reap it: it exits at once, or, if warm workers
+    still run, when they have stopped too (then it is reaped at exit)."""
+    if server.owner != os.getpid():
         return
-    os.close(server._forkserver_alive_fd)
-    server._forkserver_alive_fd = None
-    pid, deadline = server._forkserver_pid, time.monotonic() + wait
-    while pid is not None:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-                continue
-        break
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    deadline = time.monotonic() + wait
+    while server._forkserver_pid is not None:
+        try:
+            if os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0:
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                return
+        except ChildProcessError:
+            pass
+        server._forkserver_pid = None
 
 
 def _zygote() -> Any:
