@@ -43,9 +43,9 @@ def set_warm_start(enabled: bool | None) -> None:
     On by default on POSIX: the workers of spawn and forkserver pools fork from a server that
     imported the main script, torch and the dataset's modules once, instead of importing them
     again for every loader. ``True`` or ``False`` overrides the environment variable
-    ``PIPEFLOW_WARM_START`` (``0`` turns it off); ``None`` follows it again. Turning it off
-    stops the server once its workers have stopped; pools started afterwards use plain spawn
-    or forkserver.
+    ``PIPEFLOW_WARM_START`` (``0`` turns it off); ``None`` follows it again. Pools started
+    afterwards use plain spawn or forkserver; a server already started stays, idle, until the
+    process exits (pools already started keep their workers).
 
     Examples:
         >>> import pipeflow as pf
@@ -55,8 +55,6 @@ def set_warm_start(enabled: bool | None) -> None:
     if enabled is not None:
         _checks.boolean("set_warm_start", "enabled", enabled)
     _STATE["choice"] = enabled
-    if not active():
-        _stop()
 
 
 def active() -> bool:
