@@ -255,6 +255,17 @@ def test_a_spawn_stage_in_this_process_leaves_nothing(no_leaks: None) -> None:
     assert server is not None and children(server._forkserver_pid) == set()
 
 
+async def later_double(i: int) -> tuple[int, int]:
+    return 2 * i, os.getppid()
+
+
+def test_coroutine_workers_start_warm_too(no_leaks: None) -> None:
+    stage = pf.parallel_map(later_double, workers=2, backend="process", mp_context="spawn")
+    out = list(pf.indices(4) | stage)
+    assert [x for x, _ in out] == [0, 2, 4, 6]
+    assert {ppid for _, ppid in out} == {_warm._STATE["server"]._forkserver_pid}
+
+
 def test_fork_and_threads_are_left_alone() -> None:
     import multiprocessing
 
@@ -281,7 +292,7 @@ def test_switches(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_failing_server_falls_back_to_plain_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
         owner = os.getpid()
-        _forkserver_alive_fd = None
+        _forkserver_alive_fd = _forkserver_pid = None
 
         def connect_to_new_process(self, fds: Any) -> Any:
             raise ConnectionRefusedError("refused")
