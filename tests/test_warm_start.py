@@ -71,10 +71,13 @@ import pipeflow as pf
 from warm_probe import Probe, init, square
 
 
+ONE = []  # one dataset for every loader, as a script's train and validation loaders
+
+
 def loader(kind, **kw):
     g = torch.Generator().manual_seed(7)
     cls = tud.DataLoader if kind == "torch" else pf.DataLoader
-    return cls(Probe(), batch_size=None, num_workers=2, generator=g, worker_init_fn=init, **kw)
+    return cls(ONE[0], batch_size=None, num_workers=2, generator=g, worker_init_fn=init, **kw)
 
 
 def rows(kind, **kw):
@@ -84,6 +87,7 @@ def rows(kind, **kw):
 
 if __name__ == "__main__":
     out = {"main": os.getpid()}
+    ONE.append(Probe())
     out["first"] = rows("pf", multiprocessing_context="spawn")
     os.environ["PROBE"] = "set after the server started"
     saved = os.dup(1)
