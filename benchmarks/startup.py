@@ -3,6 +3,12 @@
 Run: ``python -m benchmarks.startup [--quick]`` from the repository root. The child
 (``python -m benchmarks.startup --child KIND METHOD``) imports torch only for torch's loader,
 as a user's script would only import what it uses.
+
+The "second loader" rows run :mod:`benchmarks.startup_script` instead, in the setting of most
+training scripts: the script imports torch at the top and the dataset's module imports torch
+(a ``TensorDataset``). It builds ``pf.DataLoader`` or torch's ``DataLoader`` three times in one
+process; the rows time the second and third (pipeflow's warm start: their workers fork from a
+server that imported all that once), and the "first loader" rows the first.
 """
 
 from __future__ import annotations
@@ -71,6 +77,58 @@ def measure(kind: str, method: str) -> float:
     return float(json.loads(out.strip().splitlines()[-1])["seconds"])
 
 
+def measure_loaders(kind: str, method: str, warm: bool = True) -> list[float]:
+    """Each loader's time to first batch, for three loaders built in turn in one process."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PIPEFLOW_WARM_START": "1" if warm else "0",
+    }
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "startup_script.py"), kind, method],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    return [float(s) for s in json.loads(out.strip().splitlines()[-1])["seconds"]]
+
+
+def run_loaders(reps: int, methods: tuple[str, ...] = ("spawn", "forkserver")) -> list[Row]:
+    """The warm start's rows: the second and later loaders, and the first (also with the warm
+    start off, as pipeflow was before it), against torch's."""
+    rows = []
+    for method in methods:
+        runs: dict[str, list[list[float]]] = {"pipeflow": [], "off": [], "torch": []}
+        for rep in range(reps):
+            for kind in list(runs) if rep % 2 == 0 else reversed(list(runs)):
+                lib = "torch" if kind == "torch" else "pipeflow"
+                runs[kind].append(measure_loaders(lib, method, warm=kind != "off"))
+        for label, pf_kind, pick, target in (
+            (f"time to first batch, second {method} loader", "pipeflow", slice(1, None), "<= 0.1x"),
+            (f"time to first batch, first {method} loader", "pipeflow", slice(0, 1), ""),
+            ("  the same, warm start off", "off", slice(0, 1), ""),
+        ):
+            times = {
+                "pipeflow": [t for r in runs[pf_kind] for t in r[pick]],
+                "torch": [t for r in runs["torch"] for t in r[pick]],
+            }
+            rows.append(
+                Row(
+                    label,
+                    "seconds",
+                    median(times["pipeflow"]),
+                    median(times["torch"]),
+                    target,
+                    higher_is_better=False,
+                    samples=times,
+                )
+            )
+    return rows
+
+
 def run(quick: bool) -> list[Row]:
     # Both libraries start from byte-compiled modules, as an installed package does (torch's
     # were compiled at install; ours may not be where PYTHONDONTWRITEBYTECODE is set).
@@ -94,16 +152,20 @@ def run(quick: bool) -> list[Row]:
                 samples=times,
             )
         )
-    return rows
+    return rows + run_loaders(reps)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--loaders", action="store_true", help="only the warm start's rows")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "METHOD"))
     args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
+        return 0
+    if args.loaders:
+        print(table(run_loaders(3 if args.quick else 5)))
         return 0
     print(table(run(args.quick)))
     return 0

@@ -27,6 +27,7 @@ from pipeflow.fetch import fetch
 from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
+from pipeflow.parallel._warm import set_warm_start
 from pipeflow.progress import progress
 from pipeflow.shared import SharedList, shared_list
 from pipeflow.shuffle import shuffle
@@ -67,6 +68,7 @@ __all__ = [
     "pin_memory",
     "progress",
     "random_map",
+    "set_warm_start",
     "shard",
     "shared_list",
     "shuffle",

@@ -23,8 +23,11 @@ def pytest_sessionstart(session: object) -> None:
     # the leak checks below don't count them.
     from multiprocessing import forkserver, resource_tracker
 
+    from pipeflow.parallel import _warm
+
     forkserver.ensure_running()
     resource_tracker.ensure_running()
+    _warm.ensure_running()
 
 
 # -- leak checks: children, threads, file descriptors, /dev/shm ------------------------------
@@ -39,7 +42,8 @@ SHM = "/dev/shm"
 
 
 def children(pid: int | None = None) -> set[int]:
-    """Live (non-zombie) child processes of *pid* (default: this process)."""
+    """Live (non-zombie) child processes of *pid* (default: this process), counting those
+    a fork server (multiprocessing's, or pipeflow's warm one) forked for it."""
     pid = os.getpid() if pid is None else pid
     out: set[int] = set()
     for entry in os.listdir("/proc"):
@@ -50,13 +54,17 @@ def children(pid: int | None = None) -> set[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z" and not _mp_helper(entry):
-            out.add(int(entry))
+        if int(fields[1]) == pid and fields[0] != "Z":
+            if _mp_helper(entry):  # a fork server stays, but the workers it forked for us don't
+                out |= children(int(entry))
+            else:
+                out.add(int(entry))
     return out
 
 
 def _mp_helper(pid: str) -> bool:
-    """multiprocessing's own long-lived helpers (the forkserver, the resource tracker)."""
+    """Long-lived helpers: multiprocessing's forkserver and resource tracker, pipeflow's warm
+    forkserver."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read()

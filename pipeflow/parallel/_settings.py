@@ -56,6 +56,7 @@ class Settings:
             return self._make_loop_pool(job, name, base_seed)
         if self.backend == "process":
             from pipeflow.parallel._processes import ProcessPool
+            from pipeflow.parallel._warm import warm_context
 
             mp = self.mp_context
             context = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
@@ -63,7 +64,7 @@ class Settings:
                 job,
                 self.workers,
                 name=name,
-                context=context or multiprocessing.get_context(mp),
+                context=warm_context(context or multiprocessing.get_context(mp)),
                 worker_init=self.worker_init,
                 base_seed=base_seed,
                 round_robin=self.round_robin,
@@ -84,6 +85,7 @@ class Settings:
         if self.backend == "process":
             from pipeflow.parallel._aio_worker import aio_process_main
             from pipeflow.parallel._processes import ProcessPool
+            from pipeflow.parallel._warm import warm_context
 
             mp = self.mp_context
             context = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
@@ -91,7 +93,7 @@ class Settings:
                 job,
                 self.workers,
                 name=name,
-                context=context or multiprocessing.get_context(mp),
+                context=warm_context(context or multiprocessing.get_context(mp)),
                 worker_init=self.worker_init,
                 base_seed=base_seed,
                 round_robin=self.round_robin,
