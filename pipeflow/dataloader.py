@@ -15,23 +15,29 @@ import base64
 import functools
 import inspect
 import operator
-import signal
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
+from pipeflow._facade import (
+    _REPLICA_HINT,
+    _collate_in_worker,
+    _Primed,
+    _primed,
+    _Stream,
+    _WorkerIter,
+)
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import _accelerator, pin_memory
-from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
-from pipeflow.sources import _FromIterable, from_sampler
+from pipeflow.sources import from_sampler
 
 __all__ = ["DataLoader"]
 
@@ -311,172 +317,3 @@ class DataLoader(tud.DataLoader[T_co]):
                     msg += _REPLICA_HINT
                 warnings.warn(msg, stacklevel=2)
             yield item
-
-
-def _collate_in_worker(batch: Any) -> Any:
-    """``default_collate`` as torch's runs inside a worker.
-
-    There torch stacks into a shared-memory tensor of the first sample's dtype: a float64
-    sample among float32 ones gives a float32 batch, and mixes it cannot cast to that dtype
-    (int32 then float32) or samples that require grad are refused. Batches whose tensors all
-    agree (nearly all) take pipeflow's faster collate, which gives the same batch; the others
-    go to torch's own, in the worker, so they get torch's dtype or torch's error.
-    """
-    if _uniform(batch):
-        return default_collate(batch)
-    return tud.default_collate(batch)
-
-
-def _uniform(batch: Any) -> bool:
-    """Whether every tensor or array position of *batch* has one dtype and no grad."""
-    if not isinstance(batch, (list, tuple)) or not batch:
-        return True
-    first = batch[0]
-    if isinstance(first, torch.Tensor):
-        return all(
-            isinstance(x, torch.Tensor) and x.dtype == first.dtype and not x.requires_grad
-            for x in batch
-        )
-    dtype = getattr(first, "dtype", None)
-    if dtype is not None and hasattr(first, "__array__"):  # numpy arrays and scalars
-        return all(getattr(x, "dtype", None) == dtype for x in batch)
-    if isinstance(first, dict):
-        try:
-            return all(_uniform([x[k] for x in batch]) for k in first)
-        except (KeyError, TypeError):
-            return False
-    if isinstance(first, (list, tuple)):
-        size = len(first)
-        if not all(isinstance(x, (list, tuple)) and len(x) == size for x in batch):
-            return False
-        return all(_uniform(list(column)) for column in zip(*batch))
-    return True
-
-
-_REPLICA_HINT = (
-    "For multiprocessing data-loading, this could be caused by not properly configuring the "
-    "IterableDataset replica at each worker. Please see "
-    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
-)
-
-
-class _Stream(_FromIterable):
-    """An ``IterableDataset`` as a source that never asks for its length.
-
-    torch never calls ``len(dataset)`` while iterating (only ``len(dataloader)`` does), and a
-    stream's ``__len__`` may raise or be costly; pipeflow's ``from_iterable`` asks a sized
-    iterable for its length to size the pass.
-    """
-
-    def __init__(self, dataset: Iterable[Any]) -> None:
-        super().__init__(dataset)
-        # torch calls iter(dataset) every epoch and trusts it: an IterableDataset that is its
-        # own iterator and starts over in __iter__ (DataPipes do) is not a one-shot stream.
-        self.one_shot = False
-
-    def length(self) -> int | None:
-        return None
-
-
-class _Primed:
-    """A sampler whose next ``iter()`` can be made to draw its first items ahead of use."""
-
-    def __init__(self, sampler: Iterable[Any]) -> None:
-        self.sampler = sampler
-        self.last: _PrimedIter | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        self.last = _PrimedIter(iter(self.sampler))
-        return self.last
-
-    def prime(self, count: int) -> None:
-        """Draw *count* items of the pass just started now, as torch's iterator does."""
-        if self.last is not None:
-            self.last.prime(count)
-            self.last = None
-
-    def __repr__(self) -> str:
-        return repr(self.sampler)
-
-
-class _SizedPrimed(_Primed):
-    def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
-
-
-def _primed(sampler: Iterable[Any]) -> _Primed:
-    return _SizedPrimed(sampler) if isinstance(sampler, Sized) else _Primed(sampler)
-
-
-class _PrimedIter:
-    __slots__ = ("ahead", "it")
-
-    def __init__(self, it: Iterator[Any]) -> None:
-        self.it = it
-        self.ahead: list[Any] = []
-
-    def prime(self, count: int) -> None:
-        for _ in range(count):
-            try:
-                self.ahead.append(next(self.it))
-            except StopIteration:
-                return
-
-    def __iter__(self) -> _PrimedIter:
-        return self
-
-    def __next__(self) -> Any:
-        if self.ahead:
-            return self.ahead.pop(0)
-        return next(self.it)
-
-
-class _WorkerIter:
-    """The iterator of a DataLoader with workers: pipeflow's pass, with torch's words added to
-    the errors users grep their logs and write ``except`` filters for."""
-
-    __slots__ = ("_it", "_timeout")
-
-    def __init__(self, it: Iterator[Any], timeout: float) -> None:
-        self._it = it
-        self._timeout = timeout
-
-    def __iter__(self) -> _WorkerIter:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._it)
-        except WorkerDiedError as e:
-            _torch_words(e, _died_words(e))
-            raise
-        except WorkerTimeoutError as e:
-            _torch_words(e, f"DataLoader timed out after {self._timeout} seconds")
-            raise
-
-    def close(self) -> None:
-        close = getattr(self._it, "close", None)
-        if callable(close):
-            close()
-
-    def __getattr__(self, name: str) -> Any:  # state, stats... of the pass underneath
-        if name in _WorkerIter.__slots__:  # not set (a copy made without __init__)
-            raise AttributeError(name)
-        return getattr(self._it, name)
-
-
-def _died_words(e: WorkerDiedError) -> str:
-    pid, code = getattr(e, "pid", None), getattr(e, "exitcode", None)
-    if pid is not None and code is not None and code < 0:
-        try:
-            name = signal.strsignal(-code) or f"signal {-code}"
-        except ValueError:
-            name = f"signal {-code}"
-        return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
-    return f"DataLoader worker (pid(s) {pid if pid is not None else '?'}) exited unexpectedly"
-
-
-def _torch_words(e: BaseException, words: str) -> None:
-    text = str(e)
-    if not text.startswith("DataLoader "):
-        e.args = (f"{words} ({text})",)
