@@ -172,6 +172,9 @@ class _Pass:
         self.progress.delivered += 1
         if item.__class__ is Failure:
             error = item.error
+            # A stage's frame may still hold the failure: once raised, it must not keep the
+            # exception (whose traceback holds the consumer's frames, and so this pass).
+            item.error = _RAISED
             del item
             try:
                 raise error
@@ -191,6 +194,9 @@ class _Pass:
 
     def __del__(self) -> None:
         self.close()
+
+
+_RAISED = RuntimeError("this failure was raised in the consumer already")
 
 
 def _ended() -> Any:

@@ -150,12 +150,18 @@ class _WorkerIter:
     def __next__(self) -> Any:
         try:
             return next(self._it)
-        except WorkerDiedError as e:
-            _torch_words(e, _died_words(e))
+        except StopIteration:
             raise
-        except WorkerTimeoutError as e:
-            _torch_words(e, f"DataLoader timed out after {self._timeout} seconds")
-            raise
+        except BaseException as e:
+            if isinstance(e, WorkerDiedError):
+                _torch_words(e, _died_words(e))
+            elif isinstance(e, WorkerTimeoutError):
+                _torch_words(e, f"DataLoader timed out after {self._timeout} seconds")
+            error = e
+        try:
+            raise error
+        finally:  # the traceback keeps this frame: it must not keep the pass (and its
+            del error, self  # workers) alive after a failed batch
 
     def close(self) -> None:
         close = getattr(self._it, "close", None)

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:pin_memory. no accelerator is av
 NOT_FACTORIES = {
     "DataLoader",  # the torch facade: tests/test_dataloader*.py
     "ErrorBudgetExceeded",
+    "set_warm_start",  # a switch, not a factory: tests/test_warm_start.py
     "Loader",  # built by the sources below and by `|`
     "PipeflowError",
     "SharedList",

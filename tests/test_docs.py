@@ -59,6 +59,7 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,11 +163,14 @@ def check_output(path: Path, block: Block, got: str, shown: Block | None) -> Non
     pytest.fail(f"{where}: printed output differs from the page (line {shown.lineno}):\n{diff}")
 
 
-def wait_for_cleanup(threads_before: set[threading.Thread], path: Path) -> None:
+def wait_for_cleanup(
+    threads_before: set[threading.Thread], path: Path, children_before: set[Any] = frozenset()
+) -> None:
     deadline = time.monotonic() + CLEANUP_GRACE
     while True:
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-        children = multiprocessing.active_children()  # also reaps the finished ones
+        # also reaps the finished ones; a process an earlier test left is not this page's
+        children = [p for p in multiprocessing.active_children() if p not in children_before]
         if not threads and not children:
             return
         if time.monotonic() > deadline:
@@ -196,6 +200,7 @@ def run_page(path: Path, module_name: str, only: int | None = None) -> None:
     main = sys.modules["__main__"]
     sys.modules["__main__"] = module
     threads_before = set(threading.enumerate())
+    children_before = set(multiprocessing.active_children())
     # Each run stands for a fresh process: the warnings pipeflow gives once per process
     # (pin_memory without an accelerator) are given again.
     pf_device._WARNED.clear()
@@ -229,7 +234,7 @@ def run_page(path: Path, module_name: str, only: int | None = None) -> None:
             gc.collect()
     if late.getvalue():
         pytest.fail(f"{path}: printed when its objects were freed:\n{late.getvalue()}")
-    wait_for_cleanup(threads_before, path)
+    wait_for_cleanup(threads_before, path, children_before)
 
 
 def module_name_for(path: Path) -> str:
