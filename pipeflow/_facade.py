@@ -16,7 +16,7 @@ from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
 from pipeflow.sources import _FromIterable
 
 
-def _collate_in_worker(batch: Any) -> Any:
+def _collate_worker_rules(batch: Any) -> Any:
     """``default_collate`` as torch's runs inside a worker.
 
     There torch stacks into a shared-memory tensor of the first sample's dtype: a float64
@@ -28,6 +28,26 @@ def _collate_in_worker(batch: Any) -> Any:
     if _uniform(batch):
         return default_collate(batch)
     return tud.default_collate(batch)
+
+
+class _InWorkerCollate:
+    """``default_collate`` as torch's workers apply it; it shows (and fingerprints) as
+    ``default_collate``, so a saved state moves between runs with and without workers."""
+
+    def __call__(self, batch: Any) -> Any:
+        return _collate_worker_rules(batch)
+
+    def __repr__(self) -> str:
+        return "default_collate"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _InWorkerCollate)
+
+    def __hash__(self) -> int:
+        return hash(_InWorkerCollate)
+
+
+_collate_in_worker = _InWorkerCollate()
 
 
 def _uniform(batch: Any) -> bool:
@@ -98,8 +118,9 @@ class _Primed:
             self.last.prime(count)
             self.last = None
 
-    def __repr__(self) -> str:
-        return repr(self.sampler)
+    def __repr__(self) -> str:  # described as the sampler itself: states move across
+        text = repr(self.sampler)  # worker counts (the wrapper is there with workers only)
+        return f"<{type(self.sampler).__qualname__}>" if " object at 0x" in text else text
 
 
 class _SizedPrimed(_Primed):
