@@ -18,11 +18,9 @@ import asyncio
 import functools
 import os
 import pickle
-import signal
 import socket
 import struct
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,9 +29,8 @@ from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._jobs import MapJob, describe_item
 from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
-from pipeflow.parallel._worker import _tell_torch, _wait_for_stop, _watch_parent, seed_worker
+from pipeflow.parallel._worker import _tell_torch, start_process_worker
 from pipeflow.parallel._writer import Writer
-from pipeflow.worker_info import WorkerInfo, set_process_worker_info
 
 __all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]
 
@@ -127,23 +124,20 @@ def aio_process_main(
 ) -> None:
     """A coroutine worker process: set up as :func:`~pipeflow.parallel._worker.process_main`
     does, then run one event loop that reads tasks from the pipe while items are in flight."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: one traceback, from the main process
-    threading.Thread(target=_watch_parent, args=(main_pid, prefix), daemon=True).start()
-    try:
-        if isinstance(job, bytes):
-            job = pickle.loads(job)
-        if isinstance(worker_init, bytes):
-            worker_init = pickle.loads(worker_init)
-        seed = seed_worker(base_seed, worker_id)
-        info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
-        set_process_worker_info(info)
-        _tell_torch(info)
-        if worker_init is not None:
-            worker_init(worker_id)
-    except BaseException as e:
-        conn.send_bytes(pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e))))
-        _wait_for_stop(conn)  # exiting now would read as a death, before the error is read
+    started = start_process_worker(
+        conn,
+        job,
+        worker_id,
+        num_workers,
+        base_seed,
+        worker_init,
+        main_pid,
+        prefix,
+        defer_torch=False,
+    )
+    if started is None:
         return
+    job = started[0]
     writer = Writer(prefix)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

@@ -82,6 +82,45 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def start_process_worker(
+    conn: Any,
+    job: Any,
+    worker_id: int,
+    num_workers: int,
+    base_seed: int,
+    worker_init: Any,
+    main_pid: int,
+    prefix: str,
+    *,
+    defer_torch: bool = True,
+) -> tuple[Any, WorkerInfo, bool] | None:
+    """What every process worker does first: ignore Ctrl-C, watch the parent, unpickle the job,
+    seed as torch's workers do, tell ``get_worker_info()``, run ``worker_init``. Returns
+    ``(job, info, torch told)``, or ``None`` after reporting a failure (then the worker ends).
+    With *defer_torch*, a job in a worker that has not imported torch takes its numpy-only form.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: one traceback, from the main process
+    threading.Thread(target=_watch_parent, args=(main_pid, prefix), daemon=True).start()
+    try:
+        if isinstance(job, bytes):
+            job = pickle.loads(job)
+        if isinstance(worker_init, bytes):
+            worker_init = pickle.loads(worker_init)
+        if defer_torch and "torch" not in sys.modules:
+            job.without_torch()
+        seed = seed_worker(base_seed, worker_id)
+        info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
+        set_process_worker_info(info)
+        told_torch = _tell_torch(info)
+        if worker_init is not None:
+            worker_init(worker_id)
+    except BaseException as e:
+        conn.send_bytes(pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e))))
+        _wait_for_stop(conn)  # exiting now would read as a death, before the error is read
+        return None
+    return job, info, told_torch
+
+
 def process_main(
     conn: Any,
     job: Any,
@@ -93,25 +132,12 @@ def process_main(
     prefix: str,
 ) -> None:
     """A process worker's life: set up once, then run tasks until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: one traceback, from the main process
-    threading.Thread(target=_watch_parent, args=(main_pid, prefix), daemon=True).start()
-    try:
-        if isinstance(job, bytes):
-            job = pickle.loads(job)
-        if isinstance(worker_init, bytes):
-            worker_init = pickle.loads(worker_init)
-        if "torch" not in sys.modules:
-            job.without_torch()
-        seed = seed_worker(base_seed, worker_id)
-        info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
-        set_process_worker_info(info)
-        told_torch = _tell_torch(info)
-        if worker_init is not None:
-            worker_init(worker_id)
-    except BaseException as e:
-        conn.send_bytes(pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e))))
-        _wait_for_stop(conn)  # exiting now would read as a death, before the error is read
+    started = start_process_worker(
+        conn, job, worker_id, num_workers, base_seed, worker_init, main_pid, prefix
+    )
+    if started is None:
         return
+    job, info, told_torch = started
     send, recv = conn.send_bytes, conn.recv
     writer = Writer(prefix)
     writer.activate()
