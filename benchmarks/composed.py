@@ -8,6 +8,8 @@ rows, batch 64, shuffled, no workers, timed in one process with alternating orde
 - ``torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True)``
 
 Statistics stay on (the default): the point is that counting them costs nothing measurable.
+A goal is read from the median of the repetitions' own ratios (the loaders of one repetition
+run back to back, under the same load); the table's ratio column, of the medians, is beside it.
 
 A fourth loader is the composed one with ``| pf.ignore_errors()`` at the end, nothing failing:
 timed against the plain one in a second alternating comparison (three times the repetitions),
@@ -29,7 +31,7 @@ from benchmarks._harness import Row, compare, median, table
 
 def run(quick: bool) -> list[Row]:
     ds = data.Points(20_000 if quick else 100_000)
-    reps = 5 if quick else 9
+    reps = 5 if quick else 15
 
     def composed() -> pf.Loader:
         return pf.indices(ds) | pf.shuffle(seed=0) | pf.batch(64) | pf.fetch(ds) | pf.collate()
@@ -49,6 +51,11 @@ def run(quick: bool) -> list[Row]:
 
     rates = compare({"pipe": composed, "facade": facade, "torch": reference}, reps)
     pipe, fac, ref = median(rates["pipe"]), median(rates["facade"]), median(rates["torch"])
+    # The epochs of one repetition run back to back, under the same load: the median of the
+    # repetitions' own ratios is what a shared machine's drifting load moves least. The goal
+    # is read from it; the ratio column (of the medians) is shown beside it.
+    vs_torch = median([a / b for a, b in zip(rates["pipe"], rates["torch"])])
+    vs_facade = median([a / b for a, b in zip(rates["pipe"], rates["facade"])])
     # Its own pair, the two epochs of each repetition back to back, and more repetitions: the
     # cost sought is a few %, below the drift of a shared machine's load. The cost is the
     # median of the repetitions' own ratios, which that drift moves least.
@@ -62,6 +69,8 @@ def run(quick: bool) -> list[Row]:
             pipe,
             ref,
             ">= 3x",
+            note=f"median of the repetitions' ratios: {vs_torch:.2f}x",
+            met=vs_torch >= 3,
         ),
         Row(
             "pipe API vs pf.DataLoader (same work)",
@@ -69,7 +78,11 @@ def run(quick: bool) -> list[Row]:
             pipe,
             fac,
             ">= 1.0x",
-            note=f"pf.DataLoader / torch: {fac / ref:.2f}x",
+            note=(
+                f"median of the repetitions' ratios: {vs_facade:.2f}x; "
+                f"pf.DataLoader / torch: {fac / ref:.2f}x"
+            ),
+            met=vs_facade >= 1.0,
         ),
         Row(
             "ignore_errors with nothing failing",

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from pipeflow import _checks
+from pipeflow._context import Context
+from pipeflow._permutation import Permuted
 from pipeflow._stage import Stage
 
 __all__ = ["batch", "unbatch"]
 
 T = TypeVar("T")
+
+_BLOCK = 65536  # positions cut into batches at a time
 
 
 def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
@@ -42,9 +46,44 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
     return Stage(_batch, "batch", config, length=_batch_length, skip=_batch_skip)
 
 
-def _batch(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
+def _batch(
+    items: Iterable[T], size: int, drop_last: bool, *, context: Context
+) -> Iterator[list[Any]]:
+    """Lists of *size* items, as torch's BatchSampler yields.
+
+    When the input is known without reading it (the positions ``0 .. n - 1`` of ``indices``,
+    or a full shuffle's permutation of them: see :class:`~pipeflow.Context`), the batches are
+    cut from it in blocks, a list slice each: the stages above hand on nothing.
+    """
+    fact = context.facts.get("input")
+    if isinstance(fact, Permuted):  # the shuffle above starts where this pass does
+        blocks = map(_tolist, fact.permutation().blocks(context.offset))
+        return _cut(blocks, size, drop_last)
+    if context.positions is not None:
+        n = context.positions
+        return _cut((range(a, min(a + _BLOCK, n)) for a in range(0, n, _BLOCK)), size, drop_last)
+    return _read(items, size, drop_last)
+
+
+def _cut(blocks: Iterable[Sequence[int]], size: int, drop_last: bool) -> Iterator[list[int]]:
+    rest: list[int] = []
+    for block in blocks:
+        xs = rest + list(block) if rest else list(block)
+        end = len(xs) - len(xs) % size
+        for i in range(0, end, size):
+            yield xs[i : i + size]
+        rest = xs[end:]
+    if rest and not drop_last:
+        yield rest
+
+
+def _tolist(block: Any) -> list[int]:
+    return block.tolist()  # type: ignore[no-any-return]
+
+
+def _read(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
     # islice reads exactly one batch per next(): nothing is read ahead (toolz's partition_all
-    # holds a whole batch back to find the last one). Lists, as torch's BatchSampler yields.
+    # holds a whole batch back to find the last one).
     it = iter(items)
     while chunk := list(itertools.islice(it, size)):
         if drop_last and len(chunk) < size:

@@ -74,11 +74,16 @@ def _fetch(
                     continue
                 out: list[Any] = []
                 dropped: list[Failure] = []
-                for index in key:
+                rest = iter(key)
+                while True:  # the lookups run in C (map), and stop at a failed one
                     try:
-                        out.append(getitem(index))
-                    except ignoring as e:  # only the sample: a shorter batch
-                        _note(e, dataset, index, key, epoch)
+                        out.extend(map(getitem, rest))  # keeps what it got before a failure
+                        break
+                    except Exception as e:
+                        index = key[len(out) + len(dropped)]
+                        if not isinstance(e, ignoring):
+                            raise
+                        _note(e, dataset, index, key, epoch)  # only the sample: a shorter batch
                         dropped.append(Failure(e, [index], dropped=True))
                 if not out and dropped:  # nothing left: the batch failed as a whole
                     yield Failure(dropped[0].error, key)

@@ -6,6 +6,7 @@ import itertools
 import pickle
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import example, given
@@ -615,3 +616,63 @@ def test_collate_failure_names_the_fetched_sample_indices() -> None:
     assert info.value.__notes__ == [
         "pipeflow: stage 'collate' failed on the batch of sample indices [2, 3] (epoch 0)"
     ]
+
+
+# -- batch over a known input: cut from positions or a permutation, nothing read -------------
+def _known_and_read(n: int, size: int, drop_last: bool, seed: int | None) -> tuple[Any, Any]:
+    """The same batches twice: computed (batch right after indices / a full shuffle) and read
+    (a map in between hides what the input is)."""
+    head = pf.indices(n) if seed is None else pf.indices(n) | pf.shuffle(seed=seed)
+    known = head | pf.batch(size, drop_last=drop_last)
+    read = head | pf.map(int) | pf.batch(size, drop_last=drop_last)
+    return known, read
+
+
+@given(
+    n=st.integers(0, 20_000),
+    size=batch_sizes,
+    drop_last=st.booleans(),
+    seed=st.none() | seeds,
+    epoch=st.integers(0, 3),
+)
+@example(n=1024 + 4096 + 1, size=7, drop_last=False, seed=3, epoch=0)  # across the first blocks
+@example(n=65536 * 2 + 5, size=64, drop_last=True, seed=None, epoch=0)
+def test_batches_cut_from_a_known_input_are_the_batches_read(
+    n: int, size: int, drop_last: bool, seed: int | None, epoch: int
+) -> None:
+    known, read = _known_and_read(n, size, drop_last, seed)
+    known.set_epoch(epoch)
+    read.set_epoch(epoch)
+    assert list(known) == list(read)
+    stages = known.stats().stages
+    assert [s.items for s in stages][-1] == len(known)
+    assert all(s.items == 0 for s in stages[:-1])  # computed: nothing passed above batch
+
+
+@given(
+    n=st.integers(1, 3000),
+    size=batch_sizes,
+    drop_last=st.booleans(),
+    seed=st.none() | seeds,
+    data=st.data(),
+)
+def test_batches_cut_from_a_known_input_resume_exactly(
+    n: int, size: int, drop_last: bool, seed: int | None, data: st.DataObject
+) -> None:
+    known, _ = _known_and_read(n, size, drop_last, seed)
+    total = len(known)
+    k = data.draw(st.integers(0, total), label="batches before the state")
+    it = iter(known)
+    got = [next(it) for _ in range(k)]
+    state = known.state_dict()
+    resumed, _ = _known_and_read(n, size, drop_last, seed)
+    resumed.load_state_dict(state)
+    got.extend(resumed)
+    _, fresh = _known_and_read(n, size, drop_last, seed)
+    assert got == list(fresh)
+
+
+def test_batches_of_a_billion_positions_start_at_once() -> None:
+    it = iter(pf.indices(10**9) | pf.batch(64))
+    assert next(it) == list(range(64))
+    assert next(it) == list(range(64, 128))

@@ -190,6 +190,27 @@ def test_ignore_errors_yields_exactly_the_good_samples(n, bad, size, backend, or
         assert ignored.ignored_errors == len(failed) - sum(len(b) - 1 for b in whole)
 
 
+class Counting(Flaky):
+    def __init__(self, n: int, bad: set[int]) -> None:
+        super().__init__(n, bad)
+        self.calls: list[int] = []
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        self.calls.append(i)
+        return super().__getitem__(i)
+
+
+@given(n=st.integers(0, 60), bad=st.sets(st.integers(0, 59), max_size=10), size=st.integers(1, 9))
+def test_a_batch_with_failed_samples_reads_each_index_once(n, bad, size) -> None:
+    ds = Counting(n, bad)
+    loader = pf.indices(n) | pf.batch(size) | pf.fetch(ds) | pf.ignore_errors()
+    got = [[int(x[0]) for x in b] for b in loader]
+    assert ds.calls == list(range(n))  # in order, each once: none skipped, none read twice
+    assert got == [
+        b for b in ([i for i in b if i not in bad] for b in batches_of(list(range(n)), size)) if b
+    ]
+
+
 def test_ignore_errors_counts_names_and_logs_once_per_epoch(caplog) -> None:
     loader = pf.indices(10) | pf.batch(5) | pf.fetch(Flaky(10, {3, 8})) | pf.ignore_errors()
     with caplog.at_level(logging.WARNING, logger="pipeflow"):
