@@ -51,65 +51,33 @@ class Settings:
         return derive(self.seed, WORKERS, context.epoch) >> 1  # 63 bits, as torch's seeds
 
     def make_pool(self, job: Any, name: str, base_seed: int) -> Any:
-        """Start a pool of this stage's backend (its workers start lazily)."""
-        if self.coroutines:
-            return self._make_loop_pool(job, name, base_seed)
+        """Start a pool of this stage's backend (its workers start lazily): worker processes,
+        threads, or event loops (in threads of this process, or one in each worker process)."""
+        common: dict[str, Any] = {
+            "name": name,
+            "worker_init": self.worker_init,
+            "base_seed": base_seed,
+            "round_robin": self.round_robin,
+        }
         if self.backend == "process":
             from pipeflow.parallel._processes import ProcessPool
             from pipeflow.parallel._warm import warm_context
 
+            if self.coroutines:
+                from pipeflow.parallel._aio_worker import aio_process_main
+
+                common.update(target=aio_process_main, concurrent=True)
             mp = self.mp_context
-            context = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
-            return ProcessPool(
-                job,
-                self.workers,
-                name=name,
-                context=warm_context(context or multiprocessing.get_context(mp)),
-                worker_init=self.worker_init,
-                base_seed=base_seed,
-                round_robin=self.round_robin,
-            )
+            given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
+            context = warm_context(given or multiprocessing.get_context(mp))
+            return ProcessPool(job, self.workers, context=context, **common)
+        if self.coroutines:
+            from pipeflow.parallel._aio import LoopPool
+
+            return LoopPool(job, self.workers, **common)
         from pipeflow.parallel._threads import ThreadPool
 
-        return ThreadPool(
-            job,
-            self.workers,
-            name=name,
-            worker_init=self.worker_init,
-            base_seed=base_seed,
-            round_robin=self.round_robin,
-        )
-
-    def _make_loop_pool(self, job: Any, name: str, base_seed: int) -> Any:
-        """Event loops: in threads of this process, or one in each worker process."""
-        if self.backend == "process":
-            from pipeflow.parallel._aio_worker import aio_process_main
-            from pipeflow.parallel._processes import ProcessPool
-            from pipeflow.parallel._warm import warm_context
-
-            mp = self.mp_context
-            context = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
-            return ProcessPool(
-                job,
-                self.workers,
-                name=name,
-                context=warm_context(context or multiprocessing.get_context(mp)),
-                worker_init=self.worker_init,
-                base_seed=base_seed,
-                round_robin=self.round_robin,
-                target=aio_process_main,
-                concurrent=True,
-            )
-        from pipeflow.parallel._aio import LoopPool
-
-        return LoopPool(
-            job,
-            self.workers,
-            name=name,
-            worker_init=self.worker_init,
-            base_seed=base_seed,
-            round_robin=self.round_robin,
-        )
+        return ThreadPool(job, self.workers, **common)
 
     def describe(self, name: str, first: str) -> str:
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""
