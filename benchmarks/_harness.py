@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import statistics
@@ -168,3 +169,15 @@ def fmt(x: float) -> str:
     if x >= 10:
         return f"{x:.1f}"
     return f"{x:.3f}"
+
+
+def cli(doc: str | None, run: Callable[[bool], list[Row]]) -> Callable[[list[str] | None], int]:
+    """The ``main`` of a suite whose only option is ``--quick``: run it, print its table."""
+
+    def main(argv: list[str] | None = None) -> int:
+        parser = argparse.ArgumentParser(description=doc)
+        parser.add_argument("--quick", action="store_true")
+        print(table(run(parser.parse_args(argv).quick)))
+        return 0
+
+    return main

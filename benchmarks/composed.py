@@ -18,7 +18,6 @@ it must cost under 2 %: the median of the per-repetition ratios.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -26,7 +25,7 @@ import torch.utils.data as tud
 
 import pipeflow as pf
 from benchmarks import datasets as data
-from benchmarks._harness import Row, compare, median, table
+from benchmarks._harness import Row, cli, compare, median
 
 
 def run(quick: bool) -> list[Row]:
@@ -96,11 +95,7 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    print(table(run(parser.parse_args(argv).quick)))
-    return 0
+main = cli(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ recording on and off, alternating; the row's "torch" column is torch's DataLoade
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -14,7 +13,7 @@ import torch.utils.data as tud
 
 import pipeflow as pf
 from benchmarks import datasets as data
-from benchmarks._harness import Row, epoch_rate, median, table
+from benchmarks._harness import Row, cli, epoch_rate, median
 
 
 def run(quick: bool) -> list[Row]:
@@ -44,11 +43,7 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    print(table(run(parser.parse_args(argv).quick)))
-    return 0
+main = cli(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ Run: ``python -m benchmarks.resume [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -15,7 +14,7 @@ import torch
 import torch.utils.data as tud
 
 import pipeflow as pf
-from benchmarks._harness import Row, median, table
+from benchmarks._harness import Row, cli, median
 
 
 class Decoded:
@@ -86,11 +85,7 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    print(table(run(parser.parse_args(argv).quick)))
-    return 0
+main = cli(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         "suites",
         nargs="*",
         metavar="SUITE",
-        help="any of: throughput, startup, resume, overhead, memory (default: all)",
+        help="any of: throughput, composed, startup, resume, overhead, memory (the default: "
+        "all of these), aio, billion",
         default=[],
     )
     args = parser.parse_args(argv)
@@ -179,7 +180,7 @@ def _bench(quick: bool, suites: list[str]) -> int:
     )
     harness = importlib.import_module("benchmarks._harness")
     rows = []
-    for name in suites or ["throughput", "startup", "resume", "overhead", "memory"]:
+    for name in suites or ["throughput", "composed", "startup", "resume", "overhead", "memory"]:
         module = importlib.import_module(f"benchmarks.{name}")
         print(f"running {name} ...", flush=True)
         rows.extend(module.run(quick))
