@@ -66,6 +66,45 @@ class AsyncRemoteBatch:
         return list(await asyncio.gather(*(one(i) for i in batch)))
 
 
+@dataclass(frozen=True)
+class AsyncioAlone:
+    """The same coroutines on one event loop with no pipeflow around them: a task per sample,
+    *in_flight* at once, results batched and collated as the loaders' are. What one loop
+    costs by itself on this machine: the ceiling for ``parallel_map`` on one loop."""
+
+    n: int
+    in_flight: int = IN_FLIGHT
+
+    def __iter__(self) -> Iterator[Any]:
+        done = asyncio.run(self._all())
+        for i in range(0, self.n, 16):
+            yield pf.default_collate(done[i : i + 16])
+
+    async def _all(self) -> list[Any]:
+        one, out = AsyncRemote(), [None] * self.n
+        todo = iter(range(self.n))
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        left = [self.n]
+
+        def start() -> None:
+            i = next(todo, None)
+            if i is not None:
+                loop.create_task(one(i)).add_done_callback(lambda t, i=i: landed(i, t))
+
+        def landed(i: int, task: asyncio.Task[Any]) -> None:
+            out[i] = task.result()
+            left[0] -= 1
+            if left[0] == 0:
+                finished.set_result(None)
+            start()
+
+        for _ in range(min(self.in_flight, self.n)):
+            start()
+        await finished
+        return out
+
+
 def simulated(quick: bool) -> list[Row]:
     n = 4000
     reps = 3 if quick else 7
@@ -97,6 +136,7 @@ def simulated(quick: bool) -> list[Row]:
             "two loops (threads)": lambda: per_sample(2),
             "two processes": lambda: per_sample(2, "process"),
             "two processes, a coroutine per batch": lambda: per_batch(2, "process"),
+            "asyncio alone, no pipeflow (one loop's ceiling)": lambda: AsyncioAlone(n),
             "torch": lambda: tud.DataLoader(
                 data.Remote(n), batch_size=16, num_workers=16, persistent_workers=True
             ),

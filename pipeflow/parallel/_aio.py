@@ -74,7 +74,9 @@ class LoopPool:
         return True
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
-        if self.round_robin:
+        if self.workers == 1:
+            wid = 0
+        elif self.round_robin:
             wid = next(self._rr)
         else:
             wid = min(range(self.workers), key=self.load.__getitem__)

@@ -61,7 +61,9 @@ class LoopRunner:
 
     def __init__(self, job: CoroutineJob, deliver: Deliver) -> None:
         self.job = job
+        self.fn: Any = job.fn
         self.deliver = deliver
+        self.loop: asyncio.AbstractEventLoop | None = None
         #: (pass, seq) -> the asyncio task running it, and the task record
         self.running: dict[tuple[int, int], tuple[asyncio.Task[None], Task]] = {}
         self.pass_id = 0
@@ -78,8 +80,10 @@ class LoopRunner:
         elif task.pass_id < self.pass_id:  # queued before the pass was abandoned
             self.deliver(task, "err", 0, asyncio.CancelledError())
             return
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         key = (task.pass_id, task.seq)
-        self.running[key] = (asyncio.get_running_loop().create_task(self._one(task, key)), task)
+        self.running[key] = (self.loop.create_task(self._one(task, key)), task)
 
     def _unstarted(self, key: tuple[int, int], task: Task, _: Any) -> None:
         """A task cancelled before its coroutine ran: no ``finally`` of ours answered it."""
@@ -88,13 +92,15 @@ class LoopRunner:
 
     async def _one(self, task: Task, key: tuple[int, int]) -> None:
         started = time.perf_counter_ns()
-        try:
-            out = await self.job.arun(task.item, task.epoch, task.seq)
+        try:  # the user's coroutine awaited here, not through CoroutineJob.arun: one frame less
+            out = await self.fn(task.item)
         except asyncio.CancelledError as e:
             if self.stopping:
                 raise
             self.deliver(task, "err", 0, e)  # an abandoned pass: the main process counts it
         except BaseException as e:  # SystemExit too: it would end the loop, and the pass hang
+            if isinstance(e, Exception):
+                annotate(e, self.job.name, task.epoch, **describe_item(task.item, task.seq))
             self.deliver(task, "err", 0, e)
         else:
             self.deliver(task, "ok", time.perf_counter_ns() - started, out)
@@ -177,7 +183,7 @@ class _Link(asyncio.Protocol):
         self.writer = writer
         self.done = done
         self.buffer = bytearray()
-        self.outbox: list[bytes] = []  # frames to write at the end of this turn of the loop
+        self.outbox: list[Reply] = []  # replies to send, in one frame, after this turn
         self.transport: Any = None
         self.runner = LoopRunner(job, self._reply)
         self.job = job
@@ -199,19 +205,21 @@ class _Link(asyncio.Protocol):
                 head = 12
             if len(buf) < head + size:
                 return
-            task = pickle.loads(buf[head : head + size])
+            tasks: list[Task] | None = pickle.loads(buf[head : head + size])  # one send's
             del buf[: head + size]
-            if task is None:
+            if tasks is None:
                 self._finish()
                 return
-            if task.freed:
-                self.writer.release(task.freed)
             if not self.told_torch and "torch" in sys.modules:
                 from pipeflow.worker_info import get_worker_info
 
                 info = get_worker_info()
                 self.told_torch = info is not None and _tell_torch(info)
-            self.runner.start(task)
+            start, release = self.runner.start, self.writer.release
+            for task in tasks:
+                if task.freed:
+                    release(task.freed)
+                start(task)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._finish()
@@ -234,21 +242,21 @@ class _Link(asyncio.Protocol):
                 reply = Reply(task.pass_id, "err", task.seq, self.worker_id, 0, remote_error(e))
         else:
             reply = Reply(task.pass_id, "err", task.seq, self.worker_id, 0, remote_error(value))
-        data = pickle.dumps(reply, protocol=5)
-        if self.transport is None or self.transport.is_closing():
-            if kind == "ok" and reply.payload.segment is not None:
-                _segments.discard(reply.payload.segment[0])
-            return
-        size = len(data)
-        head = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
-        if not self.outbox:  # one write per turn of the loop, not one per reply
+        if not self.outbox:  # one message per turn of the loop, not one per reply
             asyncio.get_running_loop().call_soon(self._flush)
-        self.outbox += (head, data)
+        self.outbox.append(reply)
 
     def _flush(self) -> None:
-        frames, self.outbox = self.outbox, []
-        if not self.transport.is_closing():
-            self.transport.writelines(frames)
+        replies, self.outbox = self.outbox, []
+        if self.transport is None or self.transport.is_closing():
+            for reply in replies:  # nobody will read them: their segments go now
+                if reply.kind == "ok" and reply.payload.segment is not None:
+                    _segments.discard(reply.payload.segment[0])
+            return
+        data = pickle.dumps(replies, protocol=5)
+        size = len(data)
+        head = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+        self.transport.writelines((head, data))
 
 
 def _encode(link: _Link, value: Any) -> Encoded:
