@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import itertools
 import os
 import queue
@@ -153,6 +154,8 @@ class _Loop:
         self.info = WorkerInfo(wid, workers, seed, job.dataset, "thread", os.getpid())
         self.inbox: collections.deque[Task] = collections.deque()
         self.woken = False
+        self.ready = False  # worker_init has run: tasks may start
+        self.stopped = False
         self.outbox: list[Reply] = []
         self.loop = asyncio.new_event_loop()
         self.runner = LoopRunner(job, self._deliver)
@@ -169,6 +172,8 @@ class _Loop:
 
     def _drain(self) -> None:
         self.woken = False  # before draining: a task put from now on wakes the loop again
+        if not self.ready:  # an async worker_init still runs: _main drains after it
+            return
         inbox, start = self.inbox, self.runner.start
         while inbox:
             start(inbox.popleft())
@@ -183,6 +188,7 @@ class _Loop:
         self.results.put(batch)
 
     def stop(self) -> None:
+        self.stopped = True
         with contextlib.suppress(RuntimeError):  # the loop is closed already
             self.loop.call_soon_threadsafe(self.loop.stop)
 
@@ -190,13 +196,23 @@ class _Loop:
         loop = self.loop
         asyncio.set_event_loop(loop)
         set_thread_worker_info(self.info)
+        init = None
         try:
             if self.worker_init is not None:
-                self.worker_init(self.wid)
+                started = self.worker_init(self.wid)
+                if inspect.isawaitable(started):  # an async worker_init: on this loop, first
+                    init = asyncio.ensure_future(started, loop=loop)
+                    loop.run_until_complete(init)
         except BaseException as e:
             self.results.put([Reply(None, "init", -1, self.wid, 0, e)])
+        self.ready = True
+        loop.call_soon(self._drain)  # what arrived while worker_init ran
         try:
-            loop.run_forever()
+            if init is not None and not init.done():  # stopped while worker_init ran
+                init.cancel()
+                loop.run_until_complete(asyncio.wait([init], timeout=CANCEL_GRACE))
+            elif not self.stopped:
+                loop.run_forever()
         finally:
             try:
                 loop.run_until_complete(self.runner.stop())

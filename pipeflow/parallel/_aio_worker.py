@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import pickle
 import socket
@@ -29,7 +30,7 @@ from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._jobs import MapJob, describe_item
 from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
-from pipeflow.parallel._worker import _tell_torch, start_process_worker
+from pipeflow.parallel._worker import _tell_torch, _wait_for_stop, start_process_worker
 from pipeflow.parallel._writer import Writer
 
 __all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]
@@ -130,16 +131,9 @@ def aio_process_main(
 ) -> None:
     """A coroutine worker process: set up as :func:`~pipeflow.parallel._worker.process_main`
     does, then run one event loop that reads tasks from the pipe while items are in flight."""
+    init = None if worker_init is None else _Init(worker_init)
     started = start_process_worker(
-        conn,
-        job,
-        worker_id,
-        num_workers,
-        base_seed,
-        worker_init,
-        main_pid,
-        prefix,
-        defer_torch=False,
+        conn, job, worker_id, num_workers, base_seed, init, main_pid, prefix, defer_torch=False
     )
     if started is None:
         return
@@ -148,12 +142,38 @@ def aio_process_main(
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
+        if init is not None and init.pending is not None:  # an async worker_init, first
+            try:
+                loop.run_until_complete(init.pending)
+            except BaseException as e:
+                conn.send_bytes(
+                    pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e)))
+                )
+                _wait_for_stop(conn)
+                return
         loop.run_until_complete(_serve(conn, job, worker_id, writer))
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()
         writer.close()
         conn.close()
+
+
+class _Init:
+    """``worker_init`` as :func:`start_process_worker` calls it; a coroutine function's
+    coroutine is kept, for the worker's loop to await before its first item."""
+
+    def __init__(self, worker_init: Any) -> None:
+        self.worker_init = worker_init
+        self.pending: Any = None
+
+    def __call__(self, worker_id: int) -> None:
+        init = self.worker_init
+        if isinstance(init, bytes):
+            init = pickle.loads(init)
+        started = init(worker_id)
+        if inspect.isawaitable(started):
+            self.pending = started
 
 
 async def _serve(conn: Any, job: CoroutineJob, worker_id: int, writer: Writer) -> None:
