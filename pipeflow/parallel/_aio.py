@@ -27,17 +27,18 @@ import time
 from typing import Any
 
 from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE
+from pipeflow.parallel._threads import InProcessPool
 from pipeflow.parallel._wire import Reply, Task
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["LoopPool"]
 
 
-class LoopPool:
+class LoopPool(InProcessPool):
     """Event loops in threads: each item a coroutine on the least busy loop."""
 
-    backend = "thread"
+    worker_kind = "event-loop thread"
 
     def __init__(
         self,
@@ -94,30 +95,13 @@ class LoopPool:
         out: list[Reply] = []
         while True:
             for reply in batch:
-                if reply.kind == "init":
-                    reply.payload.add_note(
-                        f"pipeflow: worker_init in event-loop thread {reply.worker} failed"
-                    )
-                    raise reply.payload
-                if reply.pass_id == self.pass_id:
-                    self.outstanding.pop(reply.seq, None)
+                if self._mine(reply):
                     self.load[reply.worker] -= 1
                     out.append(reply)
             try:
                 batch = self.results.get_nowait()
             except queue.Empty:
                 return out
-
-    def value(self, reply: Reply) -> Any:
-        if reply.kind == "err":
-            raise reply.payload
-        return reply.payload
-
-    def drop(self, reply: Reply) -> None:
-        pass
-
-    def in_flight(self) -> str:
-        return held({seq: item for seq, (_, item) in self.outstanding.items()})
 
     def close(self) -> None:
         """Cancel the coroutines in flight and stop every loop (threads joined)."""

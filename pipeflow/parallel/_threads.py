@@ -14,13 +14,46 @@ from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
 from pipeflow.parallel._wire import Reply, Task
 from pipeflow.parallel._worker import thread_main
 
-__all__ = ["ThreadPool"]
+__all__ = ["InProcessPool", "ThreadPool"]
 
 
-class ThreadPool:
-    """Worker threads: a shared task queue for maps, one queue per thread for sources."""
+class InProcessPool:
+    """What pools whose workers are threads of this process share (worker threads, event-loop
+    threads): results are the workers' own objects, nothing to decode or give back."""
 
     backend = "thread"
+    #: what a failed ``worker_init``'s note calls a worker, before its number
+    worker_kind = "thread worker"
+    pass_id: int
+    outstanding: dict[int, tuple[int, Any]]  # seq -> (worker, item)
+
+    def _mine(self, reply: Reply) -> bool:
+        """Whether *reply* belongs to this pass (else it is dropped); a failed
+        ``worker_init``'s is raised, with a note naming the worker."""
+        if reply.kind == "init":
+            reply.payload.add_note(
+                f"pipeflow: worker_init in {self.worker_kind} {reply.worker} failed"
+            )
+            raise reply.payload
+        if reply.pass_id != self.pass_id:
+            return False
+        self.outstanding.pop(reply.seq, None)
+        return True
+
+    def value(self, reply: Reply) -> Any:
+        if reply.kind == "err":
+            raise reply.payload
+        return reply.payload
+
+    def drop(self, reply: Reply) -> None:
+        pass
+
+    def in_flight(self) -> str:
+        return held({seq: item for seq, (_, item) in self.outstanding.items()})
+
+
+class ThreadPool(InProcessPool):
+    """Worker threads: a shared task queue for maps, one queue per thread for sources."""
 
     def __init__(
         self,
@@ -95,13 +128,7 @@ class ThreadPool:
         except queue.Empty:
             return None
         while True:
-            if reply.kind == "init":
-                reply.payload.add_note(
-                    f"pipeflow: worker_init in thread worker {reply.worker} failed"
-                )
-                raise reply.payload
-            if reply.pass_id == self.pass_id:
-                self.outstanding.pop(reply.seq, None)
+            if self._mine(reply):
                 if reply.kind == "end":
                     self.active[reply.worker] = False
                 out.append(reply)
@@ -109,17 +136,6 @@ class ThreadPool:
                 reply = self.results.get_nowait()
             except queue.Empty:
                 return out
-
-    def value(self, reply: Reply) -> Any:
-        if reply.kind == "err":
-            raise reply.payload
-        return reply.payload
-
-    def drop(self, reply: Reply) -> None:
-        pass
-
-    def in_flight(self) -> str:
-        return held({seq: item for seq, (_, item) in self.outstanding.items()})
 
     def close(self) -> None:
         if self.closed:
