@@ -27,8 +27,7 @@ import time
 from typing import Any
 
 from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE
-from pipeflow.parallel._threads import InProcessPool
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._wire import Reply, Task
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 

@@ -10,46 +10,11 @@ import time
 from typing import Any
 
 from pipeflow.parallel._jobs import SourceJob
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._wire import Reply, Task
 from pipeflow.parallel._worker import thread_main
 
-__all__ = ["InProcessPool", "ThreadPool"]
-
-
-class InProcessPool:
-    """What pools whose workers are threads of this process share (worker threads, event-loop
-    threads): results are the workers' own objects, nothing to decode or give back."""
-
-    backend = "thread"
-    #: what a failed ``worker_init``'s note calls a worker, before its number
-    worker_kind = "thread worker"
-    pass_id: int
-    outstanding: dict[int, tuple[int, Any]]  # seq -> (worker, item)
-
-    def _mine(self, reply: Reply) -> bool:
-        """Whether *reply* belongs to this pass (else it is dropped); a failed
-        ``worker_init``'s is raised, with a note naming the worker."""
-        if reply.kind == "init":
-            reply.payload.add_note(
-                f"pipeflow: worker_init in {self.worker_kind} {reply.worker} failed"
-            )
-            raise reply.payload
-        if reply.pass_id != self.pass_id:
-            return False
-        self.outstanding.pop(reply.seq, None)
-        return True
-
-    def value(self, reply: Reply) -> Any:
-        if reply.kind == "err":
-            raise reply.payload
-        return reply.payload
-
-    def drop(self, reply: Reply) -> None:
-        pass
-
-    def in_flight(self) -> str:
-        return held({seq: item for seq, (_, item) in self.outstanding.items()})
+__all__ = ["ThreadPool"]
 
 
 class ThreadPool(InProcessPool):
