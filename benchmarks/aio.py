@@ -1,6 +1,7 @@
 """Coroutine functions in ``parallel_map`` against torch's DataLoader workers, on I/O.
 
-Run: ``python -m benchmarks.aio [--quick]``. Two workloads, each side by side with torch in
+Run: ``python -m benchmarks.aio [--quick] [--uvloop]`` (``--uvloop``: every event loop, the HTTP
+server's too, is uvloop's). Two workloads, each side by side with torch in
 one run (interleaved repetitions, medians):
 
 1. **Simulated I/O**: 4,000 samples of 5 ms latency each, batch 16. torch: a DataLoader with
@@ -394,8 +395,16 @@ def run(quick: bool) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--uvloop", action="store_true", help="every event loop uvloop's (pip install uvloop)"
+    )
+    args = parser.parse_args(argv)
+    if args.uvloop:  # pipeflow's loops, and asyncio alone's, follow the policy
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     started = time.perf_counter()
-    print(table(run(parser.parse_args(argv).quick)))
+    print(table(run(args.quick)))
     print(f"({time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -303,6 +303,30 @@ def test_a_failing_async_worker_init_is_named(backend, no_leaks) -> None:
     assert any("worker_init" in note for note in info.value.__notes__)
 
 
+class MarkedLoop(asyncio.SelectorEventLoop):
+    """An event loop a policy makes (as uvloop's policy makes its own)."""
+
+
+class MarkedPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return MarkedLoop()
+
+
+async def loop_kind(i: int) -> str:
+    return type(asyncio.get_running_loop()).__name__
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_loops_follow_the_event_loop_policy(backend, no_leaks) -> None:
+    old = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(MarkedPolicy())
+    try:  # a fork worker inherits the policy; spawn's would set it in worker_init
+        stage = pf.parallel_map(loop_kind, workers=2, backend=backend)
+        assert set(pf.indices(8) | stage) == {"MarkedLoop"}
+    finally:
+        asyncio.set_event_loop_policy(old)
+
+
 # -- cancellation: finally blocks run, nothing is left --------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("how", ["break", "close", "gc"])
