@@ -1,6 +1,7 @@
 """Coroutine functions in ``parallel_map`` against torch's DataLoader workers, on I/O.
 
-Run: ``python -m benchmarks.aio [--quick]``. Two workloads, each side by side with torch in
+Run: ``python -m benchmarks.aio [--quick] [--uvloop]`` (``--uvloop``: every event loop, the HTTP
+server's too, is uvloop's). Two workloads, each side by side with torch in
 one run (interleaved repetitions, medians):
 
 1. **Simulated I/O**: 4,000 samples of 5 ms latency each, batch 16. torch: a DataLoader with
@@ -66,6 +67,45 @@ class AsyncRemoteBatch:
         return list(await asyncio.gather(*(one(i) for i in batch)))
 
 
+@dataclass(frozen=True)
+class AsyncioAlone:
+    """The same coroutines on one event loop with no pipeflow around them: a task per sample,
+    *in_flight* at once, results batched and collated as the loaders' are. What one loop
+    costs by itself on this machine: the ceiling for ``parallel_map`` on one loop."""
+
+    n: int
+    in_flight: int = IN_FLIGHT
+
+    def __iter__(self) -> Iterator[Any]:
+        done = asyncio.run(self._all())
+        for i in range(0, self.n, 16):
+            yield pf.default_collate(done[i : i + 16])
+
+    async def _all(self) -> list[Any]:
+        one, out = AsyncRemote(), [None] * self.n
+        todo = iter(range(self.n))
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        left = [self.n]
+
+        def start() -> None:
+            i = next(todo, None)
+            if i is not None:
+                loop.create_task(one(i)).add_done_callback(lambda t, i=i: landed(i, t))
+
+        def landed(i: int, task: asyncio.Task[Any]) -> None:
+            out[i] = task.result()
+            left[0] -= 1
+            if left[0] == 0:
+                finished.set_result(None)
+            start()
+
+        for _ in range(min(self.in_flight, self.n)):
+            start()
+        await finished
+        return out
+
+
 def simulated(quick: bool) -> list[Row]:
     n = 4000
     reps = 3 if quick else 7
@@ -97,6 +137,7 @@ def simulated(quick: bool) -> list[Row]:
             "two loops (threads)": lambda: per_sample(2),
             "two processes": lambda: per_sample(2, "process"),
             "two processes, a coroutine per batch": lambda: per_batch(2, "process"),
+            "asyncio alone, no pipeflow (one loop's ceiling)": lambda: AsyncioAlone(n),
             "torch": lambda: tud.DataLoader(
                 data.Remote(n), batch_size=16, num_workers=16, persistent_workers=True
             ),
@@ -354,8 +395,16 @@ def run(quick: bool) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--uvloop", action="store_true", help="every event loop uvloop's (pip install uvloop)"
+    )
+    args = parser.parse_args(argv)
+    if args.uvloop:  # pipeflow's loops, and asyncio alone's, follow the policy
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     started = time.perf_counter()
-    print(table(run(parser.parse_args(argv).quick)))
+    print(table(run(args.quick)))
     print(f"({time.perf_counter() - started:.0f} s)")
     return 0
 

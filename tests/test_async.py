@@ -263,6 +263,70 @@ def test_a_failing_worker_init_is_named(no_leaks) -> None:
     assert "pipeflow: worker_init in event-loop thread 0 failed" in info.value.__notes__
 
 
+READY: dict[str, Any] = {}  # worker_init's mark, per process and loop thread
+
+
+def here() -> str:
+    return f"{os.getpid()}-{threading.get_ident()}"
+
+
+async def slow_init(wid: int) -> None:
+    await asyncio.sleep(0.05)  # items arrive meanwhile: they wait for it
+    READY[here()] = asyncio.get_running_loop()
+
+
+async def init_done(i: int) -> bool:
+    return READY.get(here()) is asyncio.get_running_loop()
+
+
+async def failing_init(wid: int) -> None:
+    await asyncio.sleep(0)
+    raise OSError("no credentials")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_async_worker_init_runs_on_the_loop_before_its_first_item(backend, no_leaks) -> None:
+    stage = pf.parallel_map(init_done, workers=2, backend=backend, worker_init=slow_init)
+    assert list(pf.indices(40) | stage) == [True] * 40
+
+
+def test_an_async_worker_init_for_a_plain_function_is_refused_when_built() -> None:
+    with pytest.raises(TypeError, match="worker_init must be a plain function"):
+        pf.parallel_map(abs, workers=1, worker_init=slow_init)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failing_async_worker_init_is_named(backend, no_leaks) -> None:
+    stage = pf.parallel_map(square, workers=1, backend=backend, worker_init=failing_init)
+    with pytest.raises(OSError, match="no credentials") as info:
+        list(pf.indices(3) | stage)
+    assert any("worker_init" in note for note in info.value.__notes__)
+
+
+class MarkedLoop(asyncio.SelectorEventLoop):
+    """An event loop a policy makes (as uvloop's policy makes its own)."""
+
+
+class MarkedPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return MarkedLoop()
+
+
+async def loop_kind(i: int) -> str:
+    return type(asyncio.get_running_loop()).__name__
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_loops_follow_the_event_loop_policy(backend, no_leaks) -> None:
+    old = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(MarkedPolicy())
+    try:  # a fork worker inherits the policy; spawn's would set it in worker_init
+        stage = pf.parallel_map(loop_kind, workers=2, backend=backend)
+        assert set(pf.indices(8) | stage) == {"MarkedLoop"}
+    finally:
+        asyncio.set_event_loop_policy(old)
+
+
 # -- cancellation: finally blocks run, nothing is left --------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("how", ["break", "close", "gc"])

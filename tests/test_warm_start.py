@@ -99,7 +99,7 @@ if __name__ == "__main__":
     stage = pf.parallel_map(square, workers=2, backend="process", mp_context="forkserver")
     out["forkserver"] = list(pf.indices(4) | stage)
     from pipeflow.parallel import _warm
-    out["server"] = _warm._STATE["server"]._forkserver_pid
+    out["server"] = _warm._STATE["servers"][True]._forkserver_pid
     pf.set_warm_start(False)
     out["off"] = rows("pf", multiprocessing_context="spawn")
     print(json.dumps(out))
@@ -196,7 +196,7 @@ def test_environment_and_stdout_are_the_main_process_s_now(probe: Any) -> None:
 @pytest.mark.slow
 def test_turned_off_gives_plain_spawn_workers(probe: Any, tmp_path: Path) -> None:
     assert {r["ppid"] for r in probe["off"]} == {probe["main"]}
-    main = MAIN.replace('out["server"] = _warm._STATE["server"]._forkserver_pid', "")
+    main = MAIN.replace('out["server"] = _warm._STATE["servers"][True]._forkserver_pid', "")
     out = run_script(tmp_path, main, str(tmp_path / "x.out"), env={"PIPEFLOW_WARM_START": "0"})
     for run in ("first", "second"):
         assert {r["ppid"] for r in out[run]} == {out["main"]}, run
@@ -252,11 +252,15 @@ def double(i: int) -> int:
     return 2 * i
 
 
+def server_pids() -> set[int]:
+    return {s._forkserver_pid for s in _warm._STATE["servers"].values()}
+
+
 def test_a_spawn_stage_in_this_process_leaves_nothing(no_leaks: None) -> None:
     stage = pf.parallel_map(double, workers=2, backend="process", mp_context="spawn")
     assert list(pf.indices(5) | stage) == [0, 2, 4, 6, 8]
-    server = _warm._STATE["server"]
-    assert server is not None and children(server._forkserver_pid) == set()
+    assert server_pids()
+    assert all(children(pid) == set() for pid in server_pids())
 
 
 async def later_double(i: int) -> tuple[int, int]:
@@ -267,7 +271,34 @@ def test_coroutine_workers_start_warm_too(no_leaks: None) -> None:
     stage = pf.parallel_map(later_double, workers=2, backend="process", mp_context="spawn")
     out = list(pf.indices(4) | stage)
     assert [x for x, _ in out] == [0, 2, 4, 6]
-    assert {ppid for _, ppid in out} == {_warm._STATE["server"]._forkserver_pid}
+    ppids = {ppid for _, ppid in out}
+    assert len(ppids) == 1 and ppids <= server_pids()
+
+
+def has_torch(i: int) -> tuple[bool, int]:
+    return "torch" in sys.modules, os.getppid()
+
+
+@pytest.mark.slow
+def test_a_torch_free_job_is_not_served_by_a_server_with_torch() -> None:
+    import functools
+
+    torch = pytest.importorskip("torch")
+    _warm._stop()
+    try:  # first a job whose pickle names torch: its server preloads torch
+        stage = pf.parallel_map(
+            functools.partial(torch.add, other=1), workers=1, backend="process", mp_context="spawn"
+        )
+        assert [int(t) for t in pf.from_iterable([torch.tensor(1)]) | stage] == [2]
+        with_torch = server_pids()
+        # then one that needs no torch: a server of its own, and workers without torch
+        stage = pf.parallel_map(has_torch, workers=2, backend="process", mp_context="spawn")
+        out = list(pf.indices(4) | stage)
+        assert {t for t, _ in out} == {False}
+        assert {ppid for _, ppid in out} <= server_pids() - with_torch
+    finally:
+        _warm._stop()
+        _warm.ensure_running()
 
 
 def test_fork_and_threads_are_left_alone() -> None:

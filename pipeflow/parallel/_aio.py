@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import itertools
 import os
 import queue
@@ -26,17 +27,17 @@ import time
 from typing import Any
 
 from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._wire import Reply, Task
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["LoopPool"]
 
 
-class LoopPool:
+class LoopPool(InProcessPool):
     """Event loops in threads: each item a coroutine on the least busy loop."""
 
-    backend = "thread"
+    worker_kind = "event-loop thread"
 
     def __init__(
         self,
@@ -74,7 +75,9 @@ class LoopPool:
         return True
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
-        if self.round_robin:
+        if self.workers == 1:
+            wid = 0
+        elif self.round_robin:
             wid = next(self._rr)
         else:
             wid = min(range(self.workers), key=self.load.__getitem__)
@@ -91,30 +94,13 @@ class LoopPool:
         out: list[Reply] = []
         while True:
             for reply in batch:
-                if reply.kind == "init":
-                    reply.payload.add_note(
-                        f"pipeflow: worker_init in event-loop thread {reply.worker} failed"
-                    )
-                    raise reply.payload
-                if reply.pass_id == self.pass_id:
-                    self.outstanding.pop(reply.seq, None)
+                if self._mine(reply):
                     self.load[reply.worker] -= 1
                     out.append(reply)
             try:
                 batch = self.results.get_nowait()
             except queue.Empty:
                 return out
-
-    def value(self, reply: Reply) -> Any:
-        if reply.kind == "err":
-            raise reply.payload
-        return reply.payload
-
-    def drop(self, reply: Reply) -> None:
-        pass
-
-    def in_flight(self) -> str:
-        return held({seq: item for seq, (_, item) in self.outstanding.items()})
 
     def close(self) -> None:
         """Cancel the coroutines in flight and stop every loop (threads joined)."""
@@ -151,6 +137,8 @@ class _Loop:
         self.info = WorkerInfo(wid, workers, seed, job.dataset, "thread", os.getpid())
         self.inbox: collections.deque[Task] = collections.deque()
         self.woken = False
+        self.ready = False  # worker_init has run: tasks may start
+        self.stopped = False
         self.outbox: list[Reply] = []
         self.loop = asyncio.new_event_loop()
         self.runner = LoopRunner(job, self._deliver)
@@ -167,6 +155,8 @@ class _Loop:
 
     def _drain(self) -> None:
         self.woken = False  # before draining: a task put from now on wakes the loop again
+        if not self.ready:  # an async worker_init still runs: _main drains after it
+            return
         inbox, start = self.inbox, self.runner.start
         while inbox:
             start(inbox.popleft())
@@ -181,6 +171,7 @@ class _Loop:
         self.results.put(batch)
 
     def stop(self) -> None:
+        self.stopped = True
         with contextlib.suppress(RuntimeError):  # the loop is closed already
             self.loop.call_soon_threadsafe(self.loop.stop)
 
@@ -188,13 +179,23 @@ class _Loop:
         loop = self.loop
         asyncio.set_event_loop(loop)
         set_thread_worker_info(self.info)
+        init = None
         try:
             if self.worker_init is not None:
-                self.worker_init(self.wid)
+                started = self.worker_init(self.wid)
+                if inspect.isawaitable(started):  # an async worker_init: on this loop, first
+                    init = asyncio.ensure_future(started, loop=loop)
+                    loop.run_until_complete(init)
         except BaseException as e:
             self.results.put([Reply(None, "init", -1, self.wid, 0, e)])
+        self.ready = True
+        loop.call_soon(self._drain)  # what arrived while worker_init ran
         try:
-            loop.run_forever()
+            if init is not None and not init.done():  # stopped while worker_init ran
+                init.cancel()
+                loop.run_until_complete(asyncio.wait([init], timeout=CANCEL_GRACE))
+            elif not self.stopped:
+                loop.run_forever()
         finally:
             try:
                 loop.run_until_complete(self.runner.stop())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import pickle
 import socket
@@ -29,7 +30,7 @@ from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._jobs import MapJob, describe_item
 from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
-from pipeflow.parallel._worker import _tell_torch, start_process_worker
+from pipeflow.parallel._worker import _tell_torch, _wait_for_stop, start_process_worker
 from pipeflow.parallel._writer import Writer
 
 __all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]
@@ -61,7 +62,9 @@ class LoopRunner:
 
     def __init__(self, job: CoroutineJob, deliver: Deliver) -> None:
         self.job = job
+        self.fn: Any = job.fn
         self.deliver = deliver
+        self.loop: asyncio.AbstractEventLoop | None = None
         #: (pass, seq) -> the asyncio task running it, and the task record
         self.running: dict[tuple[int, int], tuple[asyncio.Task[None], Task]] = {}
         self.pass_id = 0
@@ -78,8 +81,10 @@ class LoopRunner:
         elif task.pass_id < self.pass_id:  # queued before the pass was abandoned
             self.deliver(task, "err", 0, asyncio.CancelledError())
             return
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         key = (task.pass_id, task.seq)
-        self.running[key] = (asyncio.get_running_loop().create_task(self._one(task, key)), task)
+        self.running[key] = (self.loop.create_task(self._one(task, key)), task)
 
     def _unstarted(self, key: tuple[int, int], task: Task, _: Any) -> None:
         """A task cancelled before its coroutine ran: no ``finally`` of ours answered it."""
@@ -88,13 +93,15 @@ class LoopRunner:
 
     async def _one(self, task: Task, key: tuple[int, int]) -> None:
         started = time.perf_counter_ns()
-        try:
-            out = await self.job.arun(task.item, task.epoch, task.seq)
+        try:  # the user's coroutine awaited here, not through CoroutineJob.arun: one frame less
+            out = await self.fn(task.item)
         except asyncio.CancelledError as e:
             if self.stopping:
                 raise
             self.deliver(task, "err", 0, e)  # an abandoned pass: the main process counts it
         except BaseException as e:  # SystemExit too: it would end the loop, and the pass hang
+            if isinstance(e, Exception):
+                annotate(e, self.job.name, task.epoch, **describe_item(task.item, task.seq))
             self.deliver(task, "err", 0, e)
         else:
             self.deliver(task, "ok", time.perf_counter_ns() - started, out)
@@ -124,16 +131,9 @@ def aio_process_main(
 ) -> None:
     """A coroutine worker process: set up as :func:`~pipeflow.parallel._worker.process_main`
     does, then run one event loop that reads tasks from the pipe while items are in flight."""
+    init = None if worker_init is None else _Init(worker_init)
     started = start_process_worker(
-        conn,
-        job,
-        worker_id,
-        num_workers,
-        base_seed,
-        worker_init,
-        main_pid,
-        prefix,
-        defer_torch=False,
+        conn, job, worker_id, num_workers, base_seed, init, main_pid, prefix, defer_torch=False
     )
     if started is None:
         return
@@ -142,12 +142,38 @@ def aio_process_main(
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
+        if init is not None and init.pending is not None:  # an async worker_init, first
+            try:
+                loop.run_until_complete(init.pending)
+            except BaseException as e:
+                conn.send_bytes(
+                    pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e)))
+                )
+                _wait_for_stop(conn)
+                return
         loop.run_until_complete(_serve(conn, job, worker_id, writer))
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()
         writer.close()
         conn.close()
+
+
+class _Init:
+    """``worker_init`` as :func:`start_process_worker` calls it; a coroutine function's
+    coroutine is kept, for the worker's loop to await before its first item."""
+
+    def __init__(self, worker_init: Any) -> None:
+        self.worker_init = worker_init
+        self.pending: Any = None
+
+    def __call__(self, worker_id: int) -> None:
+        init = self.worker_init
+        if isinstance(init, bytes):
+            init = pickle.loads(init)
+        started = init(worker_id)
+        if inspect.isawaitable(started):
+            self.pending = started
 
 
 async def _serve(conn: Any, job: CoroutineJob, worker_id: int, writer: Writer) -> None:
@@ -177,7 +203,7 @@ class _Link(asyncio.Protocol):
         self.writer = writer
         self.done = done
         self.buffer = bytearray()
-        self.outbox: list[bytes] = []  # frames to write at the end of this turn of the loop
+        self.outbox: list[Reply] = []  # replies to send, in one frame, after this turn
         self.transport: Any = None
         self.runner = LoopRunner(job, self._reply)
         self.job = job
@@ -199,19 +225,21 @@ class _Link(asyncio.Protocol):
                 head = 12
             if len(buf) < head + size:
                 return
-            task = pickle.loads(buf[head : head + size])
+            tasks: list[Task] | None = pickle.loads(buf[head : head + size])  # one send's
             del buf[: head + size]
-            if task is None:
+            if tasks is None:
                 self._finish()
                 return
-            if task.freed:
-                self.writer.release(task.freed)
             if not self.told_torch and "torch" in sys.modules:
                 from pipeflow.worker_info import get_worker_info
 
                 info = get_worker_info()
                 self.told_torch = info is not None and _tell_torch(info)
-            self.runner.start(task)
+            start, release = self.runner.start, self.writer.release
+            for task in tasks:
+                if task.freed:
+                    release(task.freed)
+                start(task)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._finish()
@@ -234,21 +262,21 @@ class _Link(asyncio.Protocol):
                 reply = Reply(task.pass_id, "err", task.seq, self.worker_id, 0, remote_error(e))
         else:
             reply = Reply(task.pass_id, "err", task.seq, self.worker_id, 0, remote_error(value))
-        data = pickle.dumps(reply, protocol=5)
-        if self.transport is None or self.transport.is_closing():
-            if kind == "ok" and reply.payload.segment is not None:
-                _segments.discard(reply.payload.segment[0])
-            return
-        size = len(data)
-        head = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
-        if not self.outbox:  # one write per turn of the loop, not one per reply
+        if not self.outbox:  # one message per turn of the loop, not one per reply
             asyncio.get_running_loop().call_soon(self._flush)
-        self.outbox += (head, data)
+        self.outbox.append(reply)
 
     def _flush(self) -> None:
-        frames, self.outbox = self.outbox, []
-        if not self.transport.is_closing():
-            self.transport.writelines(frames)
+        replies, self.outbox = self.outbox, []
+        if self.transport is None or self.transport.is_closing():
+            for reply in replies:  # nobody will read them: their segments go now
+                if reply.kind == "ok" and reply.payload.segment is not None:
+                    _segments.discard(reply.payload.segment[0])
+            return
+        data = pickle.dumps(replies, protocol=5)
+        size = len(data)
+        head = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+        self.transport.writelines((head, data))
 
 
 def _encode(link: _Link, value: Any) -> Encoded:

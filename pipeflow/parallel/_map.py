@@ -392,6 +392,7 @@ def parallel_map(
         persistent=persistent,
         seed=seed,
         round_robin=round_robin,
+        coroutines=is_coroutine_function(fn),
     )
     if is_coroutine_function(fn):
         config = dataclasses.replace(config, coroutines=True)

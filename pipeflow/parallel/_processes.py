@@ -26,7 +26,7 @@ from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, warm_source_cache
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
 from pipeflow.parallel._reader import Reader
-from pipeflow.parallel._wire import Encoded, RemoteError, Reply, Task
+from pipeflow.parallel._wire import Encoded, RemoteError, Reply, Task, replies
 from pipeflow.parallel._worker import process_main
 
 __all__ = ["ProcessPool"]
@@ -99,6 +99,7 @@ class ProcessPool:
         self.by_fd: dict[int, int] = {}
         self.sentinels: dict[int, int] = {}
         self.reader = Reader()
+        self.unsent: list[list[Task]] = [[] for _ in range(workers)]  # concurrent: one send
         LIVE.add(self)
 
     def _start(self, wid: int) -> None:
@@ -167,12 +168,24 @@ class ProcessPool:
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
         freed = self.reader.take_freed(wid)  # segments it may write again
+        task = Task(self.pass_id, seq, epoch, item, freed)
+        self.outstanding[wid][seq] = item
+        if self.concurrent:  # an event loop takes many: sent together, by collect()
+            self.unsent[wid].append(task)
+            return True
         try:
-            self.conns[wid].send(Task(self.pass_id, seq, epoch, item, freed))
+            self.conns[wid].send(task)
         except OSError:  # BrokenPipeError: the worker is gone
             self._died(wid)
-        self.outstanding[wid][seq] = item
         return True
+
+    def _send_unsent(self) -> None:
+        for wid in [w for w, tasks in enumerate(self.unsent) if tasks]:
+            tasks, self.unsent[wid] = self.unsent[wid], []
+            try:
+                self.conns[wid].send(tasks)
+            except OSError:
+                self._died(wid)
 
     def _stagger_left(self) -> float | None:
         """Seconds the workers not started yet must still wait; None when they may start.
@@ -220,6 +233,7 @@ class ProcessPool:
 
         The list may be empty when only late results of an abandoned pass arrived.
         """
+        self._send_unsent()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -250,9 +264,10 @@ class ProcessPool:
                     got = True
                     # Outside the try: a worker_init that raised an OSError (a missing file)
                     # is re-raised here, and must not read as a closed pipe.
-                    res = self._receive(wid, msg)
-                    if res is not None:
-                        out.append(res)
+                    for reply in replies(msg):
+                        res = self._receive(wid, reply)
+                        if res is not None:
+                            out.append(res)
             if got:
                 return out  # deliver what came first; a death shows up on the next call
             for wid in dead:
@@ -261,8 +276,7 @@ class ProcessPool:
     def by_fd_conns(self) -> list[Any]:
         return [c for c in self.conns if c is not None]
 
-    def _receive(self, wid: int, msg: bytes) -> Reply | None:
-        reply: Reply = pickle.loads(msg)
+    def _receive(self, wid: int, reply: Reply) -> Reply | None:
         if reply.kind == "init":
             self._raise_remote(
                 reply.payload, f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
@@ -309,7 +323,7 @@ class ProcessPool:
         conn = self.conns[wid]
         with contextlib.suppress(EOFError, OSError):
             while conn.poll():  # a start-up failure it reported before dying explains it
-                reply: Reply = pickle.loads(conn.recv_bytes())
+                reply = replies(conn.recv_bytes())[0]
                 if reply.kind == "init":
                     where = f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
                     self._raise_remote(reply.payload, where)
@@ -371,9 +385,9 @@ class ProcessPool:
         for c in conns:
             try:
                 while c.poll():
-                    reply: Reply = pickle.loads(c.recv_bytes())
-                    if reply.kind == "ok" and reply.payload.segment is not None:
-                        _segments.discard(reply.payload.segment[0])
+                    for reply in replies(c.recv_bytes()):
+                        if reply.kind == "ok" and reply.payload.segment is not None:
+                            _segments.discard(reply.payload.segment[0])
             except (EOFError, OSError):
                 pass
             c.close()

@@ -15,7 +15,7 @@ from pipeflow.errors import describe_indices
 from pipeflow.parallel._jobs import describe_item
 from pipeflow.parallel._wire import Reply
 
-__all__ = ["LIVE", "STOP_GRACE", "Pool", "held"]
+__all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "held"]
 
 #: How long workers get to finish their current item after being told to stop.
 STOP_GRACE = 1.0
@@ -75,3 +75,38 @@ def held(items: dict[int, Any]) -> str:
         else:
             return f"items {sorted(items)}"
     return f"sample indices {describe_indices(flat)}" if flat else "no items"
+
+
+class InProcessPool:
+    """What pools whose workers are threads of this process share (worker threads, event-loop
+    threads): results are the workers' own objects, nothing to decode or give back."""
+
+    backend = "thread"
+    #: what a failed ``worker_init``'s note calls a worker, before its number
+    worker_kind = "thread worker"
+    pass_id: int
+    outstanding: dict[int, tuple[int, Any]]  # seq -> (worker, item)
+
+    def _mine(self, reply: Reply) -> bool:
+        """Whether *reply* belongs to this pass (else it is dropped); a failed
+        ``worker_init``'s is raised, with a note naming the worker."""
+        if reply.kind == "init":
+            reply.payload.add_note(
+                f"pipeflow: worker_init in {self.worker_kind} {reply.worker} failed"
+            )
+            raise reply.payload
+        if reply.pass_id != self.pass_id:
+            return False
+        self.outstanding.pop(reply.seq, None)
+        return True
+
+    def value(self, reply: Reply) -> Any:
+        if reply.kind == "err":
+            raise reply.payload
+        return reply.payload
+
+    def drop(self, reply: Reply) -> None:
+        pass
+
+    def in_flight(self) -> str:
+        return held({seq: item for seq, (_, item) in self.outstanding.items()})

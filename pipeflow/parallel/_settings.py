@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeflow import _checks
 from pipeflow._context import Context
+from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 
 __all__ = ["COROUTINES_PER_WORKER", "Settings", "settings"]
@@ -116,8 +117,11 @@ def settings(
     persistent: Any,
     seed: Any,
     round_robin: Any = False,
+    coroutines: bool = False,
 ) -> Settings:
-    """Check the settings both parallel stages share; draw the seed when none is given."""
+    """Check the settings both parallel stages share; draw the seed when none is given. With
+    *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
+    worker's event loop awaits it before its first item."""
     workers = _checks.integer(name, "workers", workers, low=0)
     _checks.one_of(name, "backend", backend, ("thread", "process"))
     if mp_context is not None:
@@ -138,9 +142,14 @@ def settings(
         ordered=_checks.boolean(name, "ordered", ordered),
         max_in_flight=_checks.optional_integer(name, "max_in_flight", max_in_flight, low=1),
         mp_context=mp_context,
-        worker_init=_checks.function(name, "worker_init", worker_init, optional=True),
+        worker_init=(
+            worker_init
+            if coroutines and is_coroutine_function(worker_init)
+            else _checks.function(name, "worker_init", worker_init, optional=True)
+        ),
         timeout=_checks.seconds(name, "timeout", timeout),
         persistent=_checks.boolean(name, "persistent", persistent),
         seed=fresh_seed() if seed is None else check_seed(name, seed),
         round_robin=_checks.boolean(name, "round_robin", round_robin),
+        coroutines=coroutines,
     )

@@ -10,17 +10,15 @@ import time
 from typing import Any
 
 from pipeflow.parallel._jobs import SourceJob
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._wire import Reply, Task
 from pipeflow.parallel._worker import thread_main
 
 __all__ = ["ThreadPool"]
 
 
-class ThreadPool:
+class ThreadPool(InProcessPool):
     """Worker threads: a shared task queue for maps, one queue per thread for sources."""
-
-    backend = "thread"
 
     def __init__(
         self,
@@ -95,13 +93,7 @@ class ThreadPool:
         except queue.Empty:
             return None
         while True:
-            if reply.kind == "init":
-                reply.payload.add_note(
-                    f"pipeflow: worker_init in thread worker {reply.worker} failed"
-                )
-                raise reply.payload
-            if reply.pass_id == self.pass_id:
-                self.outstanding.pop(reply.seq, None)
+            if self._mine(reply):
                 if reply.kind == "end":
                     self.active[reply.worker] = False
                 out.append(reply)
@@ -109,17 +101,6 @@ class ThreadPool:
                 reply = self.results.get_nowait()
             except queue.Empty:
                 return out
-
-    def value(self, reply: Reply) -> Any:
-        if reply.kind == "err":
-            raise reply.payload
-        return reply.payload
-
-    def drop(self, reply: Reply) -> None:
-        pass
-
-    def in_flight(self) -> str:
-        return held({seq: item for seq, (_, item) in self.outstanding.items()})
 
     def close(self) -> None:
         if self.closed:

@@ -1,6 +1,11 @@
 """Warm starts: spawn and forkserver workers forked from a server that imported, once, what a
 new worker would import (the main script as ``__mp_main__``, the first job's modules, torch).
 
+There are up to two servers: one for jobs whose spawn worker would import torch (their pickle
+names torch, or a module it names, or the main script, imports from torch) and one, which does
+not preload torch, for the others; so a torch-free job's workers stay torch-free, as spawn's
+would, and collate without torch.
+
 The server is a private ``multiprocessing.forkserver.ForkServer`` (the user's forkserver and its
 preload list are untouched). It runs no job and unpickles nothing of a loader: a worker forks
 from a process that has only imported modules, then unpickles its job, seeds, sets its worker
@@ -19,6 +24,7 @@ import pickletools
 import sys
 import threading
 import time
+import types
 import warnings
 from multiprocessing import context as mp_context
 from multiprocessing import process
@@ -32,7 +38,8 @@ __all__ = ["ENV", "active", "ensure_running", "set_warm_start", "warm_context"]
 ENV = "PIPEFLOW_WARM_START"
 AVAILABLE = sys.platform != "win32" and "forkserver" in multiprocessing.get_all_start_methods()
 SCAN_OPS = 200_000  # a job's pickle is scanned for module names this far, at most
-_STATE: dict[str, Any] = {"choice": None, "server": None, "broken": False}
+_STATE: dict[str, Any] = {"choice": None, "servers": {}, "broken": False}
+_MODULES: dict[int, frozenset[str]] = {}  # a job pickle's hash -> the modules it names
 _LOCK = threading.Lock()
 _util: Any = __import__("multiprocessing.util").util  # its internals are not in typeshed
 
@@ -130,29 +137,34 @@ def _popen(process_obj: Any) -> Any:
     return importlib.import_module(f"multiprocessing.popen_{plain}").Popen(process_obj)
 
 
-def ensure_running() -> None:
+def ensure_running(torch: bool = False) -> None:
     """Start the warm server now, if the warm start is on (a test suite does, before it counts
-    processes and file descriptors)."""
-    server = _server(None)
+    processes and file descriptors): the one for jobs that need *torch*, or for those that don't.
+    """
+    server = _server(None, torch)
     if server is not None:
         server.ensure_running()
 
 
-def _server(process_obj: Any) -> Any:
+def _server(process_obj: Any, torch: bool | None = None) -> Any:
     with _LOCK:
         if not active():
             return None
-        server = _STATE["server"]
+        modules = _job_modules(process_obj)
+        if torch is None:
+            torch = _needs_torch(modules)
+        server = _STATE["servers"].get(torch)
         if server is None or server.owner != os.getpid():  # none yet, or a fork's parent's
-            server = _STATE["server"] = _zygote().new_server(_preload(process_obj))
+            server = _zygote().new_server(_preload(modules, torch))
+            _STATE["servers"][torch] = server
             _util.Finalize(server, _stop_server, args=(server,), exitpriority=-10)
         return server
 
 
-def _preload(process_obj: Any) -> list[str]:
-    """What the server imports: what a worker of this process would, or does anyway."""
-    names: list[str] = [m for m in ("numpy", "torch") if m in sys.modules]
-    names.append("pipeflow.parallel._worker")
+def _job_modules(process_obj: Any) -> list[str]:
+    """The modules a new worker for *process_obj* imports: those its job names, the user's
+    forkserver preload list."""
+    names: list[str] = []
     if process_obj is None:
         return names
     if process_obj._start_method == "forkserver":  # the user's own preload list, if any
@@ -161,7 +173,47 @@ def _preload(process_obj: Any) -> list[str]:
         names += getattr(forkserver._forkserver, "_preload_modules", [])
     for arg in process_obj._args:
         if isinstance(arg, bytes):
-            names += sorted(pickled_modules(arg))
+            key = hash(arg)  # a pool's workers share one job pickle: scan it once
+            if key not in _MODULES:
+                if len(_MODULES) > 64:
+                    _MODULES.clear()
+                _MODULES[key] = frozenset(pickled_modules(arg))
+            names += sorted(_MODULES[key])
+    return names
+
+
+def _needs_torch(modules: list[str]) -> bool:
+    """Whether a spawn worker importing *modules* (and the main script) would import torch: one
+    of them is torch's, or imports from torch itself."""
+    if "torch" not in sys.modules:
+        return False
+    names = list(modules)
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(main, "__file__", None) and not getattr(spec, "name", "").endswith(".__main__"):
+        names.append("__main__")  # spawn imports the main script again (not a package's)
+    for name in names:
+        if name.partition(".")[0] == "torch":
+            return True
+        module = sys.modules.get(name)
+        if module is not None and any(_from_torch(v) for v in list(vars(module).values())):
+            return True
+    return False
+
+
+def _from_torch(value: Any) -> bool:
+    try:
+        name = value.__name__ if isinstance(value, types.ModuleType) else value.__module__
+        return isinstance(name, str) and name.partition(".")[0] == "torch"
+    except Exception:  # an object without a module, or one whose attributes raise
+        return False
+
+
+def _preload(modules: list[str], torch: bool) -> list[str]:
+    """What a server imports: what a worker of this process would, or does anyway."""
+    names: list[str] = [m for m in ("numpy",) if m in sys.modules]
+    names += ["torch"] if torch else []
+    names += ["pipeflow.parallel._worker", *modules]
     return list(dict.fromkeys(n for n in names if n not in ("__main__", "__mp_main__")))
 
 
@@ -213,8 +265,9 @@ def _give_up(reason: str, method: str) -> None:
 
 def _stop() -> None:
     with _LOCK:
-        server, _STATE["server"] = _STATE["server"], None
-    if server is not None:
+        servers = list(_STATE["servers"].values())
+        _STATE["servers"].clear()
+    for server in servers:
         _stop_server(server)
 
 

@@ -11,7 +11,7 @@ import pickle
 import traceback
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["Encoded", "RemoteError", "Reply", "Task", "remote_error"]
+__all__ = ["Encoded", "RemoteError", "Reply", "Task", "remote_error", "replies"]
 
 
 class Task(NamedTuple):
@@ -83,3 +83,10 @@ def remote_error(e: BaseException) -> RemoteError:
     except Exception:
         payload = None
     return RemoteError(payload, f"{type(e).__module__}.{type(e).__qualname__}", str(e), text)
+
+
+def replies(msg: bytes) -> list[Reply]:
+    """A worker's message: one reply, or a list of them (a coroutine worker's loop sends all
+    the replies of one turn together)."""
+    loaded = pickle.loads(msg)
+    return loaded if isinstance(loaded, list) else [loaded]
