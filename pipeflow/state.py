@@ -37,7 +37,8 @@ pipeline is refused with ``ValueError``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -340,10 +341,14 @@ def numbered(items: Iterable[Any], first: int, skip: frozenset[int]) -> Iterator
 def recording(pairs: Iterable[tuple[int, Any]], order: list[int] | None) -> Iterator[Any]:
     """Strip the numbers from ``(number, result)`` pairs, noting them in *order*."""
     if order is None:
-        for _, value in pairs:
-            yield value
-        return
-    note = order.append
+        return map(_second, pairs)
+    return _noting(pairs, order.append)
+
+
+_second = operator.itemgetter(1)
+
+
+def _noting(pairs: Iterable[tuple[int, Any]], note: Callable[[int], Any]) -> Iterator[Any]:
     for seq, value in pairs:
         note(seq)
         yield value
