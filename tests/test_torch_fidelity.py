@@ -7,7 +7,10 @@ fork; the spawn variants are marked ``slow``.
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import re
+import time
 import warnings
 from typing import Any
 
@@ -327,3 +330,38 @@ class Resettable(tud.IterableDataset):
 def test_resettable_iterator_dataset(workers: int) -> None:
     ours, ref = run_both(Resettable(5), epochs=2, batch_size=2, num_workers=workers)
     assert_same(ours, ref)
+
+
+# -- a failed batch leaves no worker behind, without waiting for the garbage collector -----------
+def _first_error(loader: Any) -> type[BaseException] | None:
+    try:
+        # a comprehension's frame holds its iterator (the pass) as a local: the exception's
+        # traceback keeps that frame
+        [len(b) for b in loader]
+    except (RuntimeError, TypeError) as e:  # dropped here, as a training loop's handler would
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_failed_batch_leaves_no_worker(context: str) -> None:
+    errors = []
+    gc.disable()  # a reference cycle would keep the pass (and its workers) until a collection
+    try:
+        # torch's first: its iterator keeps its workers until a collection (a cycle of its
+        # own), so only the processes started after this snapshot are pipeflow's
+        for cls in (tud.DataLoader, pf.DataLoader):
+            before = set(multiprocessing.active_children())
+            dl = cls(MixedDtypes("requires_grad"), batch_size=2, num_workers=2,
+                     multiprocessing_context=context)  # fmt: skip
+            errors.append(_first_error(dl))
+            del dl
+        deadline = time.monotonic() + 2.0  # RELIABILITY.md: reaped within 2 seconds
+        while (left := set(multiprocessing.active_children()) - before) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+    finally:
+        gc.enable()
+    assert errors[0] is errors[1] is RuntimeError  # torch's error, and ours
+    assert not left, f"pipeflow's workers alive after the failed loop: {left}"

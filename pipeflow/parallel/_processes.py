@@ -303,7 +303,10 @@ class ProcessPool:
         )
         if where is not None and hasattr(exc, "add_note"):
             exc.add_note(f"pipeflow: {where} failed")
-        raise exc from _RemoteTraceback(error.traceback)
+        try:
+            raise exc from _RemoteTraceback(error.traceback)
+        finally:  # the traceback keeps this frame: were it to keep *exc* too, the exception
+            del exc  # and everything its traceback holds (the pass, its workers) would wait for gc
 
     def _died(self, wid: int) -> None:
         conn = self.conns[wid]
