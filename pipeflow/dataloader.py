@@ -30,6 +30,7 @@ from pipeflow._facade import (
     _primed,
     _Stream,
     _WorkerIter,
+    _Workers,
 )
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
@@ -239,7 +240,8 @@ class DataLoader(tud.DataLoader[T_co]):
         ):
             it = self._count_against_len(it, self._IterableDataset_len_called)
         if self.num_workers > 0:
-            return _WorkerIter(it, self.timeout)
+            loader = self.pipeline()
+            return _WorkerIter(it, self.timeout, _Workers(loader._resources, loader.epoch))
         return it
 
     def stats(self) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import re
 import time
 import warnings
@@ -441,3 +442,39 @@ def test_map_datapipe_sharded_in_workers(context: str) -> None:
     assert_same(ours, ref)
     # batch k from worker k % 2, which sharded its copy as worker k % 2 of 2, then ran the init
     assert [[int(x[0]) for x in b[1:]] for b in ours] == [[2, 0, 1], [2, 1, 1], [2, 0, 1]]
+
+
+# -- point 11: iter(loader)._workers, the pass's worker processes ---------------------------------
+class WhoServes(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[int, int, int]:
+        info = tud.get_worker_info()
+        assert info is not None
+        return i, info.id, os.getpid()
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_iterator_workers(context: str, persistent: bool) -> None:
+    for cls in (tud.DataLoader, pf.DataLoader):
+        dl = cls(WhoServes(), batch_size=2, num_workers=3, persistent_workers=persistent,
+                 multiprocessing_context=context)  # fmt: skip
+        it = iter(dl)
+        first = next(it)
+        alive = list(it._workers)  # pipeflow: those started by the first batch
+        assert alive and all(w.is_alive() for w in alive)
+        batches = [first, *it]
+        workers = it._workers
+        # worker k is the process that served the batches worker k's info names (torch's
+        # test_get_worker_info), and each is a live multiprocessing.Process
+        assert len(workers) == 3
+        assert all(isinstance(w, multiprocessing.process.BaseProcess) for w in workers)
+        for _, wid, pid in batches:
+            assert int(pid[0]) == workers[int(wid[0])].pid
+        del it, dl, batches, first  # and then they exit cleanly (torch's iterable-dataset test)
+        for w in workers:
+            w.join(10)
+            assert not w.is_alive()
+            assert w.exitcode == 0

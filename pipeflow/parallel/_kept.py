@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -11,14 +12,18 @@ __all__ = ["Kept"]
 
 
 class Kept:
-    """A persistent pool, kept by the loader between its passes."""
+    """A persistent pool, kept by the loader between its passes; and which pool each pass
+    runs on."""
 
-    __slots__ = ("busy", "facts", "pool")
+    __slots__ = ("busy", "facts", "passes", "pool")
 
     def __init__(self) -> None:
         self.pool: Any = None
         self.busy = False
         self.facts: Any = None
+        # The pool each running pass borrowed, by the pass's epoch (kept or not): what
+        # pf.DataLoader's iterator shows as its `_workers`.
+        self.passes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
     def borrow(
         self, config: Settings, make: Callable[[], Any], facts: Any = None
@@ -50,3 +55,15 @@ class Kept:
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.close()
+
+
+def pass_pool(resources: dict[Any, dict[Any, Any]], epoch: int) -> Any:
+    """The pool the loader's pass of *epoch* runs on (its first parallel stage's), or
+    ``None`` (no parallel stage, or the pass has not started it yet, or it is gone)."""
+    for key in sorted(resources):
+        kept = resources[key].get("pool")
+        if isinstance(kept, Kept):
+            pool = kept.passes.get(epoch)
+            if pool is not None:
+                return pool
+    return None

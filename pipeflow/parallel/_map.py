@@ -62,6 +62,7 @@ def run_parallel(
         lambda: config.make_pool(job, name, config.base_seed(context)),
         getattr(job, "facts", None),
     )
+    kept.passes[context.epoch] = pool
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
     out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
     try:

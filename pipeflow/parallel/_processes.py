@@ -73,6 +73,9 @@ class ProcessPool:
         self.method = context.get_start_method()
         self.closed = False
         self.broken = False
+        # Leave the Process objects open at close (usable: pid, join, exitcode) for whoever
+        # holds them (pf.DataLoader's `_workers`); their fds then close when they are freed.
+        self.keep_processes = False
         self.freeze = Freeze()
         self.pass_id = 0
         self.active = [True] * workers
@@ -380,9 +383,10 @@ class ProcessPool:
             except (EOFError, OSError):
                 pass
             c.close()
-        for p in procs:
-            if not p.is_alive():
-                p.close()
+        if not self.keep_processes:
+            for p in procs:
+                if not p.is_alive():
+                    p.close()
         _segments.sweep(self.prefix)
         self.reader.close()
         self.freeze.release()
