@@ -51,15 +51,24 @@ def shard_here(dataset: Any) -> None:
     graph_settings.apply_sharding(dataset, world_size, rank)
 
 
-def share_seed(dataset: Any, generator: torch.Generator | None) -> int | None:
+def share_seed(dataset: Any, generator: torch.Generator | None, owner: Any) -> int | None:
     """Draw this epoch's shuffle seed for an ``IterDataPipe`` and seed its random pipes.
 
     Returns the seed (for the workers), or ``None`` when *dataset* takes none. The draw comes
-    from *generator* (else torch's global generator), where torch's iterator makes it.
+    from *generator* (else torch's global generator), where torch's iterator makes it. In a
+    ``torch.distributed`` job every rank then takes rank 0's seed, broadcast over a gloo
+    group that *owner* (the DataLoader) keeps, so that the ranks shuffle alike and their
+    shards add up to the whole pipe.
     """
     if not isinstance(dataset, tud.IterDataPipe):
         return None
-    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    drawn = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    if dist.is_available() and dist.is_initialized():
+        group = owner.__dict__.get("_pf_seed_group")
+        if group is None:  # a collective: every rank makes it at the same iter()
+            group = owner.__dict__["_pf_seed_group"] = dist.new_group(backend="gloo")
+        dist.broadcast(drawn, src=0, group=group)
+    seed = int(drawn.item())
     _seed_graph(dataset, seed)
     return seed
 

@@ -228,7 +228,7 @@ class DataLoader(tud.DataLoader[T_co]):
                 # generator's later draws stay torch's
                 from pipeflow._datapipes import share_seed
 
-                share_seed(self.dataset, self.generator)
+                share_seed(self.dataset, self.generator, self)
         if self._pf_primed is not None:
             # torch's worker iterator puts prefetch_factor * num_workers batches of indices
             # in its queues before iter() returns: the sampler's order is drawn there, after
@@ -312,7 +312,7 @@ class DataLoader(tud.DataLoader[T_co]):
         shuffle seed (told to the workers with their tasks) and, without workers, shard."""
         from pipeflow._datapipes import DataPipeStream, shard_here, share_seed
 
-        seed = share_seed(self.dataset, self.generator)
+        seed = share_seed(self.dataset, self.generator, self)
         if self.num_workers == 0:
             shard_here(self.dataset)
         self.pipeline()  # built (or rebuilt) now: the stream told is the one that will run
