@@ -28,7 +28,14 @@ import torch.utils.data as tud
 
 from pipeflow._facade import _Stream
 
-__all__ = ["DataPipeStream", "ShardInWorker", "is_datapipe", "shard_here", "share_seed"]
+__all__ = [
+    "DataPipeStream",
+    "ShardInWorker",
+    "is_datapipe",
+    "shard_here",
+    "shard_in_worker",
+    "share_seed",
+]
 
 
 def is_datapipe(dataset: Any) -> bool:
