@@ -56,7 +56,8 @@ class Reply(NamedTuple):
     Attributes:
         pass_id: the task's pass (``None`` for a start-up failure).
         kind: ``"ok"`` (``payload`` is the result, :class:`Encoded` from a process),
-            ``"err"`` (``payload`` is the exception, :class:`RemoteError` from a process),
+            ``"err"`` (``payload`` is the exception, in a one-item list the pool empties as
+            it raises it; :class:`RemoteError` from a process),
             ``"end"`` (a source worker has no more items), or ``"init"`` (``worker_init``
             or the worker's set-up failed; ``payload`` as for ``"err"``).
         seq: the task's number.
