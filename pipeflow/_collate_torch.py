@@ -243,11 +243,9 @@ def _stack_arrays(batch: Sequence[Any], elem: Any) -> Any:
             proto: Any = torch.from_numpy(np.empty(0, dtype=elem.dtype))
             storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
             out = proto.new(storage).resize_(shape)
-            _join_arrays(batch, out.numpy())
         else:  # in a pipeflow process worker, memory the batch will travel in
-            array = _alloc.empty(shape, elem.dtype)
-            out = torch.from_numpy(array)
-            _join_arrays(batch, array)
+            out = torch.from_numpy(_alloc.empty(shape, elem.dtype))
+        _join_arrays(batch, out.numpy())
     except (TypeError, ValueError):
         return None
     return out

@@ -5,14 +5,15 @@ a sampler drawn at ``iter()``, and torch's words in worker errors."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any, overload
 
 import torch
 import torch.utils.data as tud
 
 from pipeflow.collate import default_collate
 from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
+from pipeflow.parallel._kept import pass_pool
 from pipeflow.sources import _FromIterable
 
 
@@ -155,25 +156,70 @@ class _PrimedIter:
         return next(self.it)
 
 
+class _Workers(Sequence[Any]):
+    """torch's ``iter(loader)._workers``: the pass's worker processes (``Process`` objects).
+
+    pipeflow starts a pass's workers at its first ``next()``, not at ``iter()`` (the first
+    batch is made while the others start), so this is a live view: each use lists the
+    processes the pass's pool has started by then. Once the pass has run, it keeps them, so
+    they can be joined and their exit codes read after the pass ended, as torch's tests do.
+    """
+
+    def __init__(self, resources: dict[Any, dict[Any, Any]], epoch: int) -> None:
+        self._resources = resources
+        self._epoch = epoch
+        self._pool: Any = None
+
+    def find(self) -> None:
+        """Look the pass's pool up (the iterator does after each item, until found)."""
+        if self._pool is None:
+            self._pool = pass_pool(self._resources, self._epoch)
+            if hasattr(self._pool, "keep_processes"):  # usable after the pass, as torch's
+                self._pool.keep_processes = True
+
+    def _procs(self) -> list[Any]:
+        self.find()
+        return [p for p in getattr(self._pool, "procs", ()) if p is not None]
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        return self._procs()[i]
+
+    def __len__(self) -> int:
+        return len(self._procs())
+
+    def __repr__(self) -> str:
+        return repr(self._procs())
+
+
 class _WorkerIter:
     """The iterator of a DataLoader with workers: pipeflow's pass, with torch's words added to
-    the errors users grep their logs and write ``except`` filters for."""
+    the errors users grep their logs and write ``except`` filters for, and torch's
+    ``_workers``."""
 
-    __slots__ = ("_it", "_timeout")
+    __slots__ = ("_it", "_timeout", "_workers")
 
-    def __init__(self, it: Iterator[Any], timeout: float) -> None:
+    def __init__(self, it: Iterator[Any], timeout: float, workers: _Workers) -> None:
         self._it = it
         self._timeout = timeout
+        self._workers = workers
 
     def __iter__(self) -> _WorkerIter:
         return self
 
     def __next__(self) -> Any:
         try:
-            return next(self._it)
+            item = next(self._it)
+            if self._workers._pool is None:
+                self._workers.find()
+            return item
         except StopIteration:
             raise
         except BaseException as e:
+            self._workers.find()  # a pass that failed at once ran on workers too
             if isinstance(e, WorkerDiedError):
                 _torch_words(e, _died_words(e))
             elif isinstance(e, WorkerTimeoutError):

@@ -30,6 +30,7 @@ from pipeflow._facade import (
     _primed,
     _Stream,
     _WorkerIter,
+    _Workers,
 )
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
@@ -121,6 +122,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
         self._pf_primed: _Primed | None = None
+        self._pf_stream: _Stream | None = None
 
     # -- the pipeline ----------------------------------------------------------------------
     def pipeline(self) -> Loader[Any]:
@@ -150,20 +152,32 @@ class DataLoader(tud.DataLoader[T_co]):
         num_workers = operator.index(self.num_workers)
         prefetch = 0 if self.prefetch_factor is None else operator.index(self.prefetch_factor)
         in_order = bool(self.in_order)
+        datapipe = isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe))
+        worker_init = self.worker_init_fn
+        if datapipe and num_workers > 0:  # each worker shards its copy first, as in torch
+            from pipeflow._datapipes import shard_in_worker
+
+            worker_init = shard_in_worker(worker_init)
         workers = {
             "workers": num_workers,
             "backend": "process",
             "ordered": in_order,
             "max_in_flight": max(1, prefetch * num_workers),
             "mp_context": self.multiprocessing_context,
-            "worker_init": self.worker_init_fn,
+            "worker_init": worker_init,
             "timeout": float(self.timeout) or None,
             "persistent": bool(self.persistent_workers),
         }
         loader: Loader[Any]
         self._pf_primed = None
         if self._dataset_kind == _DatasetKind.Iterable:
-            loader = Loader(_Stream(self.dataset))  # type: ignore[arg-type]
+            if isinstance(self.dataset, tud.IterDataPipe):  # its workers get a seed per pass
+                from pipeflow._datapipes import DataPipeStream
+
+                self._pf_stream = DataPipeStream(self.dataset)
+            else:
+                self._pf_stream = _Stream(self.dataset)  # type: ignore[arg-type]
+            loader = Loader(self._pf_stream)
             if self.batch_size is not None:
                 size = operator.index(self.batch_size)
                 loader = loader | batch(size, drop_last=bool(self.drop_last))
@@ -202,10 +216,19 @@ class DataLoader(tud.DataLoader[T_co]):
         draw = functools.cache(self._draw_base_seed)
         reuse = self.persistent_workers and self.num_workers > 0 and self._pf_drawn
         self._pf_rng_at_start = self._rng_state()  # what state_dict() replays from
+        if isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe)):
+            self._prepare_datapipe()
         it = self.pipeline().start(base_seed=None if reuse else draw)
         if not reuse:
             draw()
             self._pf_drawn = True
+            if self.num_workers > 0 and isinstance(self.dataset, tud.IterDataPipe):
+                # torch's worker iterator then resets itself once, which draws a second
+                # shuffle seed (for the main process's copy only): draw it too, so that the
+                # generator's later draws stay torch's
+                from pipeflow._datapipes import share_seed
+
+                share_seed(self.dataset, self.generator, self)
         if self._pf_primed is not None:
             # torch's worker iterator puts prefetch_factor * num_workers batches of indices
             # in its queues before iter() returns: the sampler's order is drawn there, after
@@ -217,7 +240,8 @@ class DataLoader(tud.DataLoader[T_co]):
         ):
             it = self._count_against_len(it, self._IterableDataset_len_called)
         if self.num_workers > 0:
-            return _WorkerIter(it, self.timeout)
+            loader = self.pipeline()
+            return _WorkerIter(it, self.timeout, _Workers(loader._resources, loader.epoch))
         return it
 
     def stats(self) -> Any:
@@ -282,6 +306,18 @@ class DataLoader(tud.DataLoader[T_co]):
         else:
             torch.set_rng_state(rng)
         self._pf_rng_at_start = None
+
+    def _prepare_datapipe(self) -> None:
+        """Before a pass over a DataPipe, what torch's iterator does first: draw the pass's
+        shuffle seed (told to the workers with their tasks) and, without workers, shard."""
+        from pipeflow._datapipes import DataPipeStream, shard_here, share_seed
+
+        seed = share_seed(self.dataset, self.generator, self)
+        if self.num_workers == 0:
+            shard_here(self.dataset)
+        self.pipeline()  # built (or rebuilt) now: the stream told is the one that will run
+        if isinstance(self._pf_stream, DataPipeStream):
+            self._pf_stream.seed = seed
 
     def _rng_state(self) -> str:
         state = self.generator.get_state() if self.generator is not None else torch.get_rng_state()

@@ -50,6 +50,15 @@ def main() -> int:
         count = torch.tensor([len(batches)])
         dist.all_reduce(count)  # completes only if every rank reaches it: no rank hangs
         seen.setdefault("reduced", []).append(int(count))
+    # A DataPipe shuffled from each rank's own global seed: the loader takes rank 0's seed, so
+    # the ranks shuffle alike and their shards (rank r of world, one worker each) add up.
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    for cls, key in ((pf.DataLoader, "datapipe_pf"), (tud.DataLoader, "datapipe_torch")):
+        pipe = IterableWrapper(range(20)).shuffle(buffer_size=5).sharding_filter()
+        dl = cls(pipe, batch_size=None, shuffle=True, num_workers=1)
+        torch.manual_seed(100 + rank)
+        seen[key] = [list(dl), list(dl)]
     out = os.environ["PIPEFLOW_DDP_OUT"]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world": world, **seen}, f)

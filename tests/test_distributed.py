@@ -132,6 +132,11 @@ def check_ranks(out: Path, world: int) -> None:
         per_rank_batches = -(-len(shards[0]) // 4)
         assert all(r["reduced"][epoch] == per_rank_batches * world for r in ranks)
     assert ranks[0]["pipeline"][0] != ranks[0]["pipeline"][1]  # a new order every epoch
+    for epoch in range(2):  # a DataPipe: every item on one rank, as with torch's loader
+        for r in ranks:
+            assert r["datapipe_pf"][epoch] == r["datapipe_torch"][epoch]
+        items = [i for r in ranks for i in r["datapipe_pf"][epoch]]
+        assert sorted(items) == list(range(20))
 
 
 @pytest.mark.slow

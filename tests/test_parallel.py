@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -226,6 +228,35 @@ def test_worker_exception_keeps_type_and_names_stage_index_worker(backend, no_le
     assert "worker " in note and " of 2, pid " in note
     if backend[0] == "process":
         assert "faults.py" in str(info.value.__cause__)  # the worker's own traceback
+
+
+def _first_failure(loader: Any) -> type[BaseException] | None:
+    try:
+        [x for x in loader]  # noqa: C416 - a comprehension's frame holds the pass as a local
+    except KeyError as e:
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failure_leaves_no_worker_without_the_garbage_collector(backend) -> None:
+    """The exception's traceback holds the consumer's frames, so the pass: nothing the pass
+    holds may hold the exception back (a cycle only a collection would free)."""
+    loader = pf.indices(10) | pmap(RaiseAt(3), backend, workers=2)
+    threads = set(threading.enumerate())
+    kids = set(multiprocessing.active_children())
+    gc.disable()
+    try:
+        assert _first_failure(loader) is KeyError
+        deadline = time.monotonic() + 2.0
+        while (
+            set(threading.enumerate()) - threads or set(multiprocessing.active_children()) - kids
+        ) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not set(threading.enumerate()) - threads
+        assert not set(multiprocessing.active_children()) - kids
+    finally:
+        gc.enable()
 
 
 def test_fetch_failure_in_a_worker_names_the_sample_and_its_batch(no_leaks) -> None:

@@ -7,7 +7,11 @@ fork; the spawn variants are marked ``slow``.
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import os
 import re
+import time
 import warnings
 from typing import Any
 
@@ -327,3 +331,150 @@ class Resettable(tud.IterableDataset):
 def test_resettable_iterator_dataset(workers: int) -> None:
     ours, ref = run_both(Resettable(5), epochs=2, batch_size=2, num_workers=workers)
     assert_same(ours, ref)
+
+
+# -- a failed batch leaves no worker behind, without waiting for the garbage collector -----------
+def _first_error(loader: Any) -> type[BaseException] | None:
+    try:
+        # a comprehension's frame holds its iterator (the pass) as a local: the exception's
+        # traceback keeps that frame
+        [len(b) for b in loader]
+    except (RuntimeError, TypeError) as e:  # dropped here, as a training loop's handler would
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_failed_batch_leaves_no_worker(context: str) -> None:
+    errors = []
+    gc.disable()  # a reference cycle would keep the pass (and its workers) until a collection
+    try:
+        # torch's first: its iterator keeps its workers until a collection (a cycle of its
+        # own), so only the processes started after this snapshot are pipeflow's
+        for cls in (tud.DataLoader, pf.DataLoader):
+            before = set(multiprocessing.active_children())
+            dl = cls(MixedDtypes("requires_grad"), batch_size=2, num_workers=2,
+                     multiprocessing_context=context)  # fmt: skip
+            errors.append(_first_error(dl))
+            del dl
+        deadline = time.monotonic() + 2.0  # RELIABILITY.md: reaped within 2 seconds
+        while (left := set(multiprocessing.active_children()) - before) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+    finally:
+        gc.enable()
+    assert errors[0] is errors[1] is RuntimeError  # torch's error, and ours
+    assert not left, f"pipeflow's workers alive after the failed loop: {left}"
+
+
+# -- point 9: DataPipes are sharded per worker and shuffled from one seed per epoch --------------
+def shuffled_pipe(n: int) -> tud.IterDataPipe:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(n)).shuffle(buffer_size=5).sharding_filter()
+
+
+def seeded_epochs(cls: type, dataset: Any, seeds: list[int], **kwargs: Any) -> list[Any]:
+    """An epoch after each ``torch.manual_seed(s)``, from one loader."""
+    dl = cls(dataset, **kwargs)
+    out = []
+    for s in seeds:
+        torch.manual_seed(s)
+        out.append(list(dl))
+    del dl
+    return out
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize(
+    ("workers", "persistent"), [(0, False), (1, False), (2, False), (2, True)], ids=str
+)
+def test_datapipe_sharded_and_seeded(context: str, workers: int, persistent: bool) -> None:
+    kwargs: dict[str, Any] = {"num_workers": workers, "shuffle": True, "batch_size": 3}
+    if workers:
+        kwargs.update(persistent_workers=persistent, multiprocessing_context=context)
+    seeds = [123, 123, 321]
+    ours = seeded_epochs(pf.DataLoader, shuffled_pipe(20), seeds, **kwargs)
+    ref = seeded_epochs(tud.DataLoader, shuffled_pipe(20), seeds, **kwargs)
+    assert_same(ours, ref)
+    for epoch in ours:  # every item once: the workers split the pipe
+        assert sorted(torch.cat(epoch).tolist()) == list(range(20))
+    assert_same(ours[0], ours[1])  # torch.manual_seed before an epoch reproduces its shuffle
+    assert not torch.equal(torch.cat(ours[0]), torch.cat(ours[2]))
+
+
+def test_datapipe_seed_from_generator() -> None:
+    ours, ref = run_both(shuffled_pipe(12), epochs=3, batch_size=4, shuffle=True, num_workers=2,
+                         persistent_workers=True)  # fmt: skip
+    assert_same(ours, ref)
+
+
+class ShardAware(tud.MapDataPipe):
+    """A map-style DataPipe that shows the share ``apply_sharding`` gave its copy, and
+    whether the user's ``worker_init_fn`` ran too."""
+
+    def __init__(self) -> None:
+        self.share = (1, 0)
+
+    def apply_sharding(self, num_of_instances: int, instance_id: int) -> None:
+        self.share = (num_of_instances, instance_id)
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[int, int, int, int]:
+        return (i, *self.share, INIT_RAN)
+
+
+INIT_RAN = 0
+
+
+def record_worker(worker_id: int) -> None:
+    global INIT_RAN
+    INIT_RAN = 1
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_map_datapipe_sharded_in_workers(context: str) -> None:
+    ours, ref = run_both(ShardAware(), batch_size=2, num_workers=2, worker_init_fn=record_worker,
+                         multiprocessing_context=context)  # fmt: skip
+    assert_same(ours, ref)
+    # batch k from worker k % 2, which sharded its copy as worker k % 2 of 2, then ran the init
+    assert [[int(x[0]) for x in b[1:]] for b in ours] == [[2, 0, 1], [2, 1, 1], [2, 0, 1]]
+
+
+# -- point 11: iter(loader)._workers, the pass's worker processes ---------------------------------
+class WhoServes(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[int, int, int]:
+        info = tud.get_worker_info()
+        assert info is not None
+        return i, info.id, os.getpid()
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_iterator_workers(context: str, persistent: bool) -> None:
+    for cls in (tud.DataLoader, pf.DataLoader):
+        dl = cls(WhoServes(), batch_size=2, num_workers=3, persistent_workers=persistent,
+                 multiprocessing_context=context)  # fmt: skip
+        it = iter(dl)
+        first = next(it)
+        alive = list(it._workers)  # pipeflow: those started by the first batch
+        assert alive and all(w.is_alive() for w in alive)
+        batches = [first, *it]
+        workers = it._workers
+        # worker k is the process that served the batches worker k's info names (torch's
+        # test_get_worker_info), and each is a live multiprocessing.Process
+        assert len(workers) == 3
+        assert all(isinstance(w, multiprocessing.process.BaseProcess) for w in workers)
+        for _, wid, pid in batches:
+            assert int(pid[0]) == workers[int(wid[0])].pid
+        del it, dl, batches, first  # and then they exit cleanly (torch's iterable-dataset test)
+        for w in workers:
+            w.join(10)
+            assert not w.is_alive()
+            assert w.exitcode == 0

@@ -41,6 +41,10 @@ What is counted
     issue's "behaviour tests" figure, and the list of those that differ.
 
 Run it politely on a shared machine: ``nice -n 19``, a per-test ``--timeout``, ``-k`` chunks.
+Tests marked ``@slowTest`` (``test_proper_exit``: it reads ``_workers`` and kills one) are
+skipped unless the environment has ``PYTORCH_TEST_WITH_SLOW=1``; on a busy machine torch's own
+spawn-heavy tests (``test_multiprocessing_contexts``, ``test_shuffler_iterdatapipe``) can
+pass the default 120 s: re-run those with ``-k`` and a longer ``--timeout``.
 """
 
 from __future__ import annotations

@@ -164,6 +164,8 @@ class _Loop:
     def _deliver(self, task: Task, kind: str, took: int, value: Any) -> None:
         if not self.outbox:
             self.loop.call_soon(self._flush)  # after the other callbacks of this turn
+        if kind == "err":  # in a box the pool empties as it raises it (see _wire.Reply)
+            value = [value]
         self.outbox.append(Reply(task.pass_id, kind, task.seq, self.wid, took, value))  # type: ignore[arg-type]
 
     def _flush(self) -> None:

@@ -4,7 +4,7 @@ take the next item of its own replica of a loader (``SourceJob``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeflow._context import Context
 from pipeflow._failure import Failure, WithDropped
@@ -13,7 +13,7 @@ from pipeflow.errors import annotate
 from pipeflow.loader import Loader
 from pipeflow.worker_info import get_worker_info, set_replica
 
-__all__ = ["Exhausted", "MapJob", "SourceJob", "describe_item"]
+__all__ = ["Exhausted", "MapJob", "PassNote", "SourceJob", "describe_item"]
 
 
 class Exhausted(Exception):
@@ -110,6 +110,13 @@ def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
         raise
 
 
+class PassNote(NamedTuple):
+    """What a pass tells source workers with each task (a DataPipe's shuffle seed): the
+    source's ``pass_note()`` in the main process, its ``begin_pass(value)`` in the worker."""
+
+    value: Any
+
+
 class SourceJob:
     """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica)."""
 
@@ -140,6 +147,8 @@ class SourceJob:
             if self._it is not None:
                 self._it.close()  # type: ignore[attr-defined]
             self.loader.set_epoch(epoch)
+            if isinstance(item, PassNote):
+                self.loader.source.begin_pass(item.value)  # type: ignore[attr-defined]
             self._it = iter(self.loader)
             self._epoch = epoch
         assert self._it is not None

@@ -22,7 +22,8 @@ from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage, _short
 from pipeflow.errors import WorkerTimeoutError
 from pipeflow.parallel._aio_worker import CoroutineJob
-from pipeflow.parallel._jobs import Exhausted, MapJob, describe_item
+from pipeflow.parallel._jobs import Exhausted, MapJob, PassNote, describe_item
+from pipeflow.parallel._kept import Kept
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._wire import Reply
@@ -41,8 +42,10 @@ def run_parallel(
     upstream: Iterable[Any] | None,
     context: Context,
     hooks: Hooks | None,
+    note: PassNote | None = None,
 ) -> Iterator[Any]:
-    """One pass of a parallel stage (``upstream`` ``None``: the workers are sources)."""
+    """One pass of a parallel stage (``upstream`` ``None``: the workers are sources, and
+    each task carries *note*, what the pass tells them: see ``SourceJob``)."""
     hooks = hooks or Hooks()
     order = hooks.record.order if hooks.record is not None else None
     stats = hooks.stats
@@ -51,18 +54,19 @@ def run_parallel(
     skip = hooks.resume or frozenset()
     items = None if upstream is None else numbered(upstream, context.offset, skip)
     if config.workers == 0:  # in the calling thread: the reference the parallel runs equal
-        yield from recording(_inline(job, items, context.epoch, context.offset), order)
+        yield from recording(_inline(job, items, context.epoch, context.offset, note), order)
         return
-    kept = hooks.resources.setdefault("pool", _Kept())
+    kept = hooks.resources.setdefault("pool", Kept())
     pool, borrowed = kept.borrow(
         config,
         lambda: config.make_pool(job, name, config.base_seed(context)),
         getattr(job, "facts", None),
     )
+    kept.passes[context.epoch] = pool
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
     out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
     try:
-        replies = _results(pool, items, context, config, done, stats, out)
+        replies = _results(pool, items, context, config, done, stats, out, note)
         if config.ordered:
             replies = _in_order(replies, context.offset, pool.drop)
         yield from recording(_values(pool, replies, done, out), order)
@@ -78,6 +82,7 @@ def _results(
     done: list[int],
     stats: Any,
     out: dict[int, Any],
+    note: PassNote | None = None,
 ) -> Iterator[Reply]:
     """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield every
     reply as it arrives."""
@@ -94,7 +99,7 @@ def _results(
                     if items is not None:
                         held = next(items, None)
                     elif pool.can_submit():  # source workers: "your next item"
-                        held, seq = (seq, None), seq + 1
+                        held, seq = (seq, note), seq + 1
                     if held is None:
                         exhausted = True
                         break
@@ -176,13 +181,17 @@ def _indices(item: Any, seq: int) -> list[Any]:
 
 
 def _inline(
-    job: Any, items: Iterator[tuple[int, Any]] | None, epoch: int, first: int
+    job: Any,
+    items: Iterator[tuple[int, Any]] | None,
+    epoch: int,
+    first: int,
+    note: PassNote | None = None,
 ) -> Iterator[tuple[int, Any]]:
     if items is None:
         seq = first
         while True:
             try:
-                yield seq, job.run(None, epoch, seq)
+                yield seq, job.run(note, epoch, seq)
             except Exhausted:
                 return
             seq += 1
@@ -192,48 +201,6 @@ def _inline(
         except Exception as e:
             value = Failure(e, _indices(item, seq))
         yield from _unpack(seq, value)
-
-
-class _Kept:
-    """A persistent pool, kept by the loader between its passes."""
-
-    __slots__ = ("busy", "facts", "pool")
-
-    def __init__(self) -> None:
-        self.pool: Any = None
-        self.busy = False
-        self.facts: Any = None
-
-    def borrow(
-        self, config: Settings, make: Callable[[], Any], facts: Any = None
-    ) -> tuple[Any, bool]:
-        """The pool for one pass, and whether it is the kept one (else close it after).
-
-        A second pass running while the first is (``zip(loader, loader)``) gets its own; so
-        does a pass told other *facts* (which the workers' job holds) than the kept pool's.
-        """
-        if not config.persistent or self.busy:
-            return make(), False
-        if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
-            self.close()
-        self.facts = facts
-        if self.pool is None:
-            self.pool = make()
-        self.busy = True
-        return self.pool, True
-
-    def give_back(self, pool: Any, borrowed: bool) -> None:
-        if not borrowed:
-            pool.close()
-            return
-        self.busy = False
-        if pool.broken:
-            self.close()
-
-    def close(self) -> None:
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            pool.close()
 
 
 class ParallelMap(Stage[T, U]):

@@ -21,12 +21,12 @@ import sys
 import time
 from typing import Any
 
-from pipeflow.errors import WorkerDiedError, WorkerError, _RemoteTraceback
+from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, warm_source_cache
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
 from pipeflow.parallel._reader import Reader
-from pipeflow.parallel._wire import Encoded, RemoteError, Reply, Task, replies
+from pipeflow.parallel._wire import Encoded, Reply, Task, raise_remote, replies
 from pipeflow.parallel._worker import process_main
 
 __all__ = ["ProcessPool"]
@@ -73,6 +73,9 @@ class ProcessPool:
         self.method = context.get_start_method()
         self.closed = False
         self.broken = False
+        # Leave the Process objects open at close (usable: pid, join, exitcode) for whoever
+        # holds them (pf.DataLoader's `_workers`); their fds then close when they are freed.
+        self.keep_processes = False
         self.freeze = Freeze()
         self.pass_id = 0
         self.active = [True] * workers
@@ -278,9 +281,7 @@ class ProcessPool:
 
     def _receive(self, wid: int, reply: Reply) -> Reply | None:
         if reply.kind == "init":
-            self._raise_remote(
-                reply.payload, f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
-            )
+            raise_remote(reply.payload, f"worker_init in worker {wid} (pid {self.procs[wid].pid})")
         now = time.monotonic()
         if self.warm[wid]:
             took = now - self.head_since[wid]
@@ -300,24 +301,13 @@ class ProcessPool:
 
     def value(self, reply: Reply) -> Any:
         if reply.kind == "err":
-            self._raise_remote(reply.payload, None)
+            raise_remote(reply.payload, None)
         encoded: Encoded = reply.payload
         return self.reader.decode(reply.worker, encoded.data, encoded.segment, encoded.layout)
 
     def drop(self, reply: Reply) -> None:
         if reply.kind == "ok":
             self.reader.discard(reply.worker, reply.payload.segment)
-
-    @staticmethod
-    def _raise_remote(error: RemoteError, where: str | None) -> None:
-        exc: BaseException = (
-            pickle.loads(error.pickled)
-            if error.pickled is not None
-            else WorkerError(error.type_name, error.text)
-        )
-        if where is not None and hasattr(exc, "add_note"):
-            exc.add_note(f"pipeflow: {where} failed")
-        raise exc from _RemoteTraceback(error.traceback)
 
     def _died(self, wid: int) -> None:
         conn = self.conns[wid]
@@ -326,7 +316,7 @@ class ProcessPool:
                 reply = replies(conn.recv_bytes())[0]
                 if reply.kind == "init":
                     where = f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
-                    self._raise_remote(reply.payload, where)
+                    raise_remote(reply.payload, where)
         proc = self.procs[wid]
         proc.join(0.1)
         code = proc.exitcode
@@ -391,9 +381,10 @@ class ProcessPool:
             except (EOFError, OSError):
                 pass
             c.close()
-        for p in procs:
-            if not p.is_alive():
-                p.close()
+        if not self.keep_processes:
+            for p in procs:
+                if not p.is_alive():
+                    p.close()
         _segments.sweep(self.prefix)
         self.reader.close()
         self.freeze.release()

@@ -102,7 +102,11 @@ class InProcessPool:
 
     def value(self, reply: Reply) -> Any:
         if reply.kind == "err":
-            raise reply.payload
+            error = reply.payload.pop()  # the box empties: no reply keeps the exception
+            try:
+                raise error
+            finally:  # nor this frame, which its traceback keeps
+                del error
         return reply.payload
 
     def drop(self, reply: Reply) -> None:

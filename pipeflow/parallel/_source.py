@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
 from pipeflow.loader import Loader, Source
-from pipeflow.parallel._jobs import SourceJob
+from pipeflow.parallel._jobs import PassNote, SourceJob
 from pipeflow.parallel._map import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 
@@ -26,7 +26,11 @@ class _ParallelSource(Source[Any]):
 
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
         job = SourceJob(self.loader, "parallel_source")
-        return run_parallel(job, self.config, "parallel_source", None, context, hooks)
+        # Read now, as the pass starts (not at its first item): what this pass tells workers.
+        tell = getattr(self.loader.source, "pass_note", None)
+        value = tell() if tell is not None else None
+        note = None if value is None else PassNote(value)
+        return run_parallel(job, self.config, "parallel_source", None, context, hooks, note)
 
     def describe(self) -> str:
         return self.config.describe("parallel_source", repr(self.loader))

@@ -11,7 +11,9 @@ import pickle
 import traceback
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["Encoded", "RemoteError", "Reply", "Task", "remote_error", "replies"]
+from pipeflow.errors import WorkerError, _RemoteTraceback
+
+__all__ = ["Encoded", "RemoteError", "Reply", "Task", "raise_remote", "remote_error", "replies"]
 
 
 class Task(NamedTuple):
@@ -56,7 +58,8 @@ class Reply(NamedTuple):
     Attributes:
         pass_id: the task's pass (``None`` for a start-up failure).
         kind: ``"ok"`` (``payload`` is the result, :class:`Encoded` from a process),
-            ``"err"`` (``payload`` is the exception, :class:`RemoteError` from a process),
+            ``"err"`` (``payload`` is the exception, in a one-item list the pool empties as
+            it raises it; :class:`RemoteError` from a process),
             ``"end"`` (a source worker has no more items), or ``"init"`` (``worker_init``
             or the worker's set-up failed; ``payload`` as for ``"err"``).
         seq: the task's number.
@@ -90,3 +93,20 @@ def replies(msg: bytes) -> list[Reply]:
     the replies of one turn together)."""
     loaded = pickle.loads(msg)
     return loaded if isinstance(loaded, list) else [loaded]
+
+
+def raise_remote(error: RemoteError, where: str | None) -> None:
+    """Raise a worker's exception here, its traceback in words as the cause (and *where* it
+    failed, when given, as a note); a :class:`~pipeflow.errors.WorkerError` when it did not
+    pickle."""
+    exc: BaseException = (
+        pickle.loads(error.pickled)
+        if error.pickled is not None
+        else WorkerError(error.type_name, error.text)
+    )
+    if where is not None and hasattr(exc, "add_note"):
+        exc.add_note(f"pipeflow: {where} failed")
+    try:
+        raise exc from _RemoteTraceback(error.traceback)
+    finally:  # the traceback keeps this frame: were it to keep *exc* too, the exception
+        del exc  # and everything its traceback holds (the pass, its workers) would wait for gc

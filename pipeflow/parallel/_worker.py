@@ -224,7 +224,9 @@ def thread_main(
         except Exhausted:
             results.put(Reply(task.pass_id, "end", task.seq, worker_id))
         except BaseException as e:
-            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, e))
+            # in a box the pool empties when it raises: a reply the consumer's frames still
+            # hold must not hold the exception, whose traceback holds those frames
+            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e]))
         else:
             took = time.perf_counter_ns() - started
             results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out))
