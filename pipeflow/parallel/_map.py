@@ -13,6 +13,7 @@ note naming the stage, the item, the worker and its pid), ``WorkerDiedError``,
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -91,7 +92,7 @@ def _results(
     seq = context.offset  # a source's items are numbered from here
     held: tuple[int, Any] | None = None  # an item no worker had room for yet
     exhausted = False
-    arrived: list[Reply] = []
+    arrived: deque[Reply] = deque()
     try:
         while True:
             while not exhausted and sent - done[0] < config.in_flight:
@@ -125,7 +126,7 @@ def _results(
                     stats.task_total_ns += reply.took
             arrived.extend(got)
             while arrived:
-                yield arrived.pop(0)
+                yield arrived.popleft()
     finally:  # replies that arrived but will not be delivered give back what they hold
         for reply in arrived:
             pool.drop(reply)
@@ -162,7 +163,10 @@ def _values(
             value = pool.value(reply)
         except Exception as e:  # the item's own error, rebuilt here
             value = Failure(e, _indices(item, reply.seq))
-        yield from _unpack(reply.seq, value)
+        if value.__class__ is WithDropped:
+            yield from _unpack(reply.seq, value)
+        else:
+            yield reply.seq, value
 
 
 def _unpack(seq: int, value: Any) -> Iterator[tuple[int, Any]]:
