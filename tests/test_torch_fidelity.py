@@ -478,3 +478,40 @@ def test_iterator_workers(context: str, persistent: bool) -> None:
             w.join(10)
             assert not w.is_alive()
             assert w.exitcode == 0
+
+
+# -- a dataset holding multiprocessing objects, with spawn and forkserver workers -------------
+class Shared(tud.Dataset):
+    """A dataset holding an Event and a shared counter, as a dataset that signals its workers'
+    progress may: only a starting process may pickle them (multiprocessing's rule)."""
+
+    def __init__(self, context: str) -> None:
+        ctx = multiprocessing.get_context(context)
+        self.seen = ctx.Event()
+        self.count = ctx.Value("i", 0)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        self.seen.set()
+        with self.count.get_lock():
+            self.count.value += 1
+        return i
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_dataset_holding_an_event_and_a_value(context: str) -> None:
+    got = {}
+    for cls in (pf.DataLoader, tud.DataLoader):
+        ds = Shared(context)
+        batches = list(cls(ds, batch_size=4, num_workers=2, multiprocessing_context=context))
+        got[cls] = (batches, ds.seen.is_set(), ds.count.value)
+    (ours, our_seen, our_count), (ref, ref_seen, ref_count) = (
+        got[pf.DataLoader],
+        got[tud.DataLoader],
+    )
+    assert_same(ours, ref)
+    assert (our_seen, our_count) == (ref_seen, ref_count) == (True, 8)

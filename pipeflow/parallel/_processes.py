@@ -137,16 +137,26 @@ class ProcessPool:
         self.by_fd[here.fileno()] = wid
         self.sentinels[proc.sentinel] = wid
 
-    def _pickle(self, obj: Any, what: str) -> bytes:
+    def _pickle(self, obj: Any, what: str) -> Any:
+        """*obj* pickled; or *obj* itself when it holds what only a starting process may
+        pickle (a Lock, Event, Queue: multiprocessing pickles it then, as torch's workers get
+        their dataset)."""
         try:
             return pickle.dumps(obj)
+        except RuntimeError as e:
+            if "through inheritance" in str(e):
+                return obj
+            raise self._unpicklable(what, e) from e
         except Exception as e:
-            msg = (
-                f"parallel stage {self.name!r}: {what} can't be pickled for the "
-                f"{self.method!r} start method ({type(e).__name__}: {e}); define it at module "
-                "level (not a lambda or a local function), or use the 'fork' start method"
-            )
-            raise TypeError(msg) from e
+            raise self._unpicklable(what, e) from e
+
+    def _unpicklable(self, what: str, e: Exception) -> TypeError:
+        msg = (
+            f"parallel stage {self.name!r}: {what} can't be pickled for the "
+            f"{self.method!r} start method ({type(e).__name__}: {e}); define it at module "
+            "level (not a lambda or a local function), or use the 'fork' start method"
+        )
+        return TypeError(msg)
 
     # -- a pass ----------------------------------------------------------------------------
     def start_pass(self, max_in_flight: int) -> None:
