@@ -28,9 +28,9 @@ from typing import Any
 
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
-from pipeflow.parallel._jobs import MapJob, describe_item
+from pipeflow.parallel._jobs import describe_item
 from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
-from pipeflow.parallel._worker import _tell_torch, _wait_for_stop, start_process_worker
+from pipeflow.parallel._worker import MapJob, _tell_torch, _wait_for_stop, start_process_worker
 from pipeflow.parallel._writer import Writer
 
 __all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]

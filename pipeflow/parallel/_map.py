@@ -23,11 +23,12 @@ from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage, _short
 from pipeflow.errors import WorkerTimeoutError
 from pipeflow.parallel._aio_worker import CoroutineJob
-from pipeflow.parallel._jobs import Exhausted, MapJob, PassNote, describe_item
+from pipeflow.parallel._jobs import Exhausted, PassNote, describe_item
 from pipeflow.parallel._kept import Kept
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._wire import Reply
+from pipeflow.parallel._worker import MapJob
 from pipeflow.state import Delivery, Resume, numbered, recording
 
 __all__ = ["ParallelMap", "parallel_map", "run_parallel"]

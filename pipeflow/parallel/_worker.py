@@ -1,7 +1,8 @@
-"""The worker side: what a thread or process worker runs.
+"""The worker side: what a thread or process worker runs, and what it does with an item
+(``MapJob``; a ``parallel_source`` worker's job is in :mod:`._jobs`).
 
-Kept to the standard library (plus what the user's job brings), so a worker started with spawn
-or forkserver imports torch only when the user's code does.
+Nothing here imports torch, so a worker started with spawn or forkserver imports it only when
+the user's code does.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipeflow._context import Context
+from pipeflow._failure import Failure, WithDropped
 from pipeflow._random import seed_sequence_state
+from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._jobs import Exhausted, describe_item
@@ -28,7 +33,89 @@ from pipeflow.worker_info import (
     set_thread_worker_info,
 )
 
-__all__ = ["process_main", "seed_worker", "thread_main"]
+__all__ = ["MapJob", "process_main", "seed_worker", "thread_main"]
+
+
+# -- what a parallel_map worker does with an item ----------------------------------------------
+class MapJob:
+    """Apply a function, or a one-to-one stage, to one item at a time."""
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any] | Stage[Any, Any],
+        name: str,
+        ignoring: tuple[type[BaseException], ...] = (),
+        facts: dict[str, Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.stages = fn.stages if isinstance(fn, Stage) else None
+        self.ignoring = ignoring  # what a later ignore_errors drops (fetch drops samples)
+        # What the stages above told this pass (how a shard numbers its items, so that a
+        # random_map in the workers keys its draws as one in the loader would); not what
+        # described this stage's own input.
+        self.facts = {k: v for k, v in (facts or {}).items() if k != "input"}
+
+    def without_torch(self) -> None:
+        """In a worker that has not imported torch: the stages' numpy-only forms."""
+        if self.stages is not None:
+            self.stages = tuple(s.without_torch() for s in self.stages)
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset the stages read by key, for ``WorkerInfo.dataset``."""
+        return next((s.dataset for s in self.stages or () if s.dataset is not None), None)
+
+    def run(self, item: Any, epoch: int, seq: int) -> Any:
+        if self.stages is None:
+            try:
+                return self.fn(item)  # type: ignore[operator]
+            except Exception as e:
+                annotate(e, self.name, epoch, **describe_item(item, seq))
+                raise
+        failed: list[str] = []
+        # The item's place in the pass, and what the pass was told.
+        context = Context(epoch, offset=seq, ignoring=self.ignoring, facts=self.facts)
+        dropped: list[Failure] = []
+        it: Iterator[Any] = iter((item,))
+        for s in self.stages:
+            it = _track(s.apply(it, context), s.name, failed)
+            if s.failures == "mark":  # failures it yields: raised, or kept when dropped
+                it = _unmark(it, dropped)
+            context = s.context_after(context)
+        try:
+            out = next(it)
+        except StopIteration:
+            msg = (
+                f"stage {(failed or [self.name])[0]!r} yielded nothing for one item; "
+                "parallel_map runs one-to-one stages only"
+            )
+            raise ValueError(msg) from None
+        except Exception as e:
+            annotate(e, failed[0] if failed else self.name, epoch, **describe_item(item, seq))
+            raise
+        for _ in it:  # let the stages finish the item (a dropped failure may follow)
+            pass
+        return WithDropped(out, dropped) if dropped else out
+
+
+def _unmark(it: Iterator[Any], dropped: list[Failure]) -> Iterator[Any]:
+    for value in it:
+        if value.__class__ is Failure:
+            if not value.dropped:
+                raise value.error
+            dropped.append(value)
+        else:
+            yield value
+
+
+def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
+    try:
+        yield from it
+    except Exception:
+        if not failed:
+            failed.append(name)
+        raise
 
 
 # -- seeding and identity ----------------------------------------------------------------------
