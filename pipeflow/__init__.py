@@ -22,7 +22,13 @@ from pipeflow.batch import batch, unbatch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import pin_memory, to_device
 from pipeflow.distributed import shard
-from pipeflow.errors import PipeflowError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from pipeflow.errors import (
+    PipeflowError,
+    StageStuckError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+)
 from pipeflow.fetch import fetch
 from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
@@ -47,6 +53,7 @@ __all__ = [
     "PipeflowError",
     "SharedList",
     "Stage",
+    "StageStuckError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",

@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
-from pipeflow.errors import annotate
+from pipeflow.errors import StageStuckError, annotate
 from pipeflow.state import Progress, plan
 
 __all__ = ["run"]
@@ -35,6 +35,10 @@ _WINDOW = 256
 _TIME_ALL_NS = 20_000
 #: The watchers write what they counted into the shared record this often.
 _FLUSH_NS = 50_000_000
+#: A stage whose exceptions wait in a stash (the next stage does not take failures) is asked
+#: again at once; after this many in a row with no item, it is taken for stuck (an iterator
+#: that raises on every next()) and its stream ends with a StageStuckError.
+_STUCK = 1000
 
 
 def run(
@@ -250,6 +254,7 @@ def _watch(
     sampling = False
     window = window_ns = window_max = 0  # timed items (their time, the longest) this window
     lcg = 12345  # the gaps' generator
+    stuck = after_failure = 0  # exceptions in a row with no item between; n after the last
     mark = 0 if rec is not None else -1  # the number of the next item to time
     t = clock()
     next_flush = t + _FLUSH_NS
@@ -300,9 +305,14 @@ def _watch(
                     annotate(e, name, epoch, item=n)
                 indices = key if type(key) is list else [] if key is None else [key]
                 failure = Failure(e, indices)
+                stuck = stuck + 1 if n == after_failure else 1  # no item since the last one?
                 n += 1
+                after_failure = n
                 if stash is not None:
                     stash.append(failure)
+                    if stuck == _STUCK:
+                        stash.append(_stuck(e, name, epoch))
+                        break
                 else:
                     yield failure
                 if rec is not None:  # time the next item afresh
@@ -316,6 +326,18 @@ def _watch(
             rec.busy_ns += busy
             rec.items += n - flushed
             rec.sample(clock())
+
+
+def _stuck(error: BaseException, name: str, epoch: int) -> Failure:
+    msg = (
+        f"stage {name!r} raised {_STUCK} times in a row without yielding an item, and the "
+        "next stage takes no failures: the pass ends here (is an iterator raising on every "
+        "next()?); the last error is the cause"
+    )
+    stuck = StageStuckError(msg)
+    stuck.__cause__ = error
+    annotate(stuck, name, epoch)
+    return Failure(stuck, [])
 
 
 def _release(bypassed: deque[Failure], stash: deque[Failure] | None) -> Iterator[Failure]:

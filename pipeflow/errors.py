@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "PipeflowError",
+    "StageStuckError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -65,6 +66,13 @@ def _rebuild_died(text: str, pid: int | None, exitcode: int | None) -> WorkerDie
 
 class WorkerTimeoutError(PipeflowError, TimeoutError):
     """No result came from the workers within the stage's ``timeout``."""
+
+
+class StageStuckError(PipeflowError):
+    """A stage raised again and again without yielding an item, while its failures waited for
+    the next stage (which does not take failures) to ask for an item: an iterator that raises
+    on every ``next()`` would otherwise hold the pass forever. The pass ends after the failures
+    it raised; :func:`pipeflow.ignore_errors` never drops this error."""
 
 
 class _RemoteTraceback(Exception):

@@ -10,7 +10,7 @@ from pipeflow import _checks
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
-from pipeflow.errors import PipeflowError, describe_indices
+from pipeflow.errors import PipeflowError, StageStuckError, describe_indices
 from pipeflow.state import Drops, Resume
 
 __all__ = ["ErrorBudgetExceeded", "ignore_errors"]
@@ -131,7 +131,11 @@ def _ignore(
     try:
         for item in items:
             seen += 1
-            if item.__class__ is not Failure or not isinstance(item.error, exceptions):
+            if (
+                item.__class__ is not Failure
+                or not isinstance(item.error, exceptions)
+                or isinstance(item.error, StageStuckError)  # never dropped: the pass ended
+            ):
                 yielded += 1
                 yield item
                 continue

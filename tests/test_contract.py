@@ -44,6 +44,7 @@ NOT_FACTORIES = {
     "Loader",  # built by the sources below and by `|`
     "PipeflowError",
     "SharedList",
+    "StageStuckError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -364,3 +365,56 @@ def test_the_facade_gives_torchs_batches_and_errors(workers, where) -> None:
     # torch's message is the original's, sometimes after "Caught ... in DataLoader worker"
     mine = next(o for o in ours if isinstance(o, tuple))[2]
     assert mine in ("corrupt sample 2", "cannot collate 6")
+
+
+# -- an iterator that raises on every next() ends the pass; it does not hold it ---------------
+class AlwaysRaising:
+    """A stream that yields *good* items, then raises on every ``next()`` (a lost connection)."""
+
+    def __init__(self, good: int) -> None:
+        self.good = good
+
+    def __iter__(self) -> Iterator[int]:
+        return _Raising(self.good)
+
+
+class _Raising:
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def __iter__(self) -> _Raising:
+        return self
+
+    def __next__(self) -> int:
+        if self.left == 0:
+            raise ConnectionError("the stream's connection is gone")
+        self.left -= 1
+        return self.left
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_raising_on_every_next_ends_the_pass(workers: int) -> None:
+    from pipeflow._chain import _STUCK
+
+    loader = pf.from_iterable(AlwaysRaising(5)) | pf.batch(2)
+    if workers:  # each worker a replica of the stream, as torch runs an IterableDataset
+        loader = pf.parallel_source(loader, workers=workers, backend="process")
+    got = drain(loader)  # returns: the pass ends, in bounded time and memory
+    batches = [x for x in got if x[0] != "error"]
+    errors = [x for x in got if x[0] == "error"]
+    replicas = max(workers, 1)
+    assert sorted(i for b in batches for i in b) == sorted([4, 3, 2, 1, 0] * replicas)
+    stuck = [e for e in errors if e[1] == "StageStuckError"]
+    assert len(stuck) == replicas
+    assert all(e[1] == "ConnectionError" for e in errors if e not in stuck)
+    assert len(errors) == replicas * (_STUCK + 1)
+
+
+def test_ignore_errors_never_drops_a_stuck_stage() -> None:
+    loader = pf.from_iterable(AlwaysRaising(3)) | pf.batch(2) | pf.ignore_errors()
+    it = iter(loader)
+    assert next(it) == [2, 1]
+    with pytest.raises(pf.StageStuckError, match="raised 1000 times in a row") as info:
+        next(it)
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert loader.stats().stages[-1].ignored_errors == 1000
