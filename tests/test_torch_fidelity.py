@@ -170,9 +170,10 @@ class Sleepy(tud.Dataset):
         return i
 
 
-def test_timeout_message() -> None:
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_timeout_message(context: str) -> None:
     for cls in (tud.DataLoader, pf.DataLoader):
-        dl = cls(Sleepy(), batch_size=2, num_workers=1, timeout=1)
+        dl = cls(Sleepy(), batch_size=2, num_workers=1, timeout=1, multiprocessing_context=context)
         with pytest.raises(RuntimeError, match=r"DataLoader timed out after 1 seconds") as info:
             next(iter(dl))
         del dl
@@ -201,8 +202,9 @@ class ExitSelf(KillSelf):
         return i
 
 
-def test_killed_worker_message() -> None:
-    dl = pf.DataLoader(KillSelf(), batch_size=2, num_workers=1)
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_killed_worker_message(context: str) -> None:
+    dl = pf.DataLoader(KillSelf(), batch_size=2, num_workers=1, multiprocessing_context=context)
     with pytest.raises(RuntimeError) as info:
         list(dl)
     # the phrase torch's test_segfault asserts, then pipeflow's detail
@@ -213,8 +215,9 @@ def test_killed_worker_message() -> None:
     assert info.value.exitcode == -9
 
 
-def test_exited_worker_message() -> None:
-    dl = pf.DataLoader(ExitSelf(), batch_size=2, num_workers=1)
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_exited_worker_message(context: str) -> None:
+    dl = pf.DataLoader(ExitSelf(), batch_size=2, num_workers=1, multiprocessing_context=context)
     with pytest.raises(RuntimeError) as info:
         list(dl)
     assert re.search(r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly", str(info.value))
@@ -292,12 +295,17 @@ class MixedDtypes(tud.Dataset):
         return {"x": x, "y": np.float32(i) if self.odd != "numpy" or i != 1 else np.float64(i)}
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+WORKERS = [(0, None), (2, "fork"), pytest.param(2, "spawn", marks=SPAWN.marks, id="2-spawn")]
+
+
+@pytest.mark.parametrize(("workers", "context"), WORKERS)
 @pytest.mark.parametrize("odd", ["float64", "numpy", "requires_grad", "int32_first"])
-def test_collate_dtypes_as_torch(odd: str, workers: int) -> None:
+def test_collate_dtypes_as_torch(odd: str, workers: int, context: str | None) -> None:
     outcomes = []
     for cls in (pf.DataLoader, tud.DataLoader):
-        dl = cls(MixedDtypes(odd), batch_size=4, num_workers=workers)
+        dl = cls(
+            MixedDtypes(odd), batch_size=4, num_workers=workers, multiprocessing_context=context
+        )
         try:
             outcomes.append([{k: v.detach() for k, v in b.items()} for b in dl])
         except (RuntimeError, TypeError) as e:  # torch's own words and type
@@ -327,9 +335,11 @@ class Resettable(tud.IterableDataset):
         return self.i - 1
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-def test_resettable_iterator_dataset(workers: int) -> None:
-    ours, ref = run_both(Resettable(5), epochs=2, batch_size=2, num_workers=workers)
+@pytest.mark.parametrize(("workers", "context"), WORKERS)
+def test_resettable_iterator_dataset(workers: int, context: str | None) -> None:
+    ours, ref = run_both(
+        Resettable(5), epochs=2, batch_size=2, num_workers=workers, multiprocessing_context=context
+    )
     assert_same(ours, ref)
 
 
