@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks._harness import Row, median, table
 
@@ -60,40 +61,30 @@ def child(kind: str, method: str) -> None:
     print(json.dumps({"seconds": elapsed}))
 
 
-def measure(kind: str, method: str) -> float:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+def _child(argv: list[str], timeout: int, **env: str) -> Any:
+    """Run *argv* in a fresh interpreter from the repository root; its last line, as JSON."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.startup", "--child", kind, method],
+        [sys.executable, *argv],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "PYTHONPATH": path, **env},
         capture_output=True,
         text=True,
         check=True,
-        timeout=120,
+        timeout=timeout,
     ).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure(kind: str, method: str) -> float:
+    return float(_child(["-m", "benchmarks.startup", "--child", kind, method], 120)["seconds"])
 
 
 def measure_loaders(kind: str, method: str, warm: bool = True) -> list[float]:
     """Each loader's time to first batch, for three loaders built in turn in one process."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "PIPEFLOW_WARM_START": "1" if warm else "0",
-    }
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "startup_script.py"), kind, method],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
-    return [float(s) for s in json.loads(out.strip().splitlines()[-1])["seconds"]]
+    script = str(ROOT / "benchmarks" / "startup_script.py")
+    got = _child([script, kind, method], 300, PIPEFLOW_WARM_START="1" if warm else "0")
+    return [float(s) for s in got["seconds"]]
 
 
 def run_loaders(reps: int, methods: tuple[str, ...] = ("spawn", "forkserver")) -> list[Row]:

@@ -49,15 +49,8 @@ class LoopPool(InProcessPool):
         base_seed: int,
         round_robin: bool,
     ) -> None:
-        self.name = name
-        self.workers = workers
-        self.round_robin = round_robin
-        self.closed = False
-        self.broken = False
-        self.pass_id = 0
-        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (loop, item)
+        super().__init__(name, workers, round_robin)
         self.load = [0] * workers  # items of this pass on each loop
-        self.results: queue.SimpleQueue[list[Reply]] = queue.SimpleQueue()
         self._rr = itertools.cycle(range(workers))
         self.loops = [
             _Loop(job, wid, workers, base_seed + wid, worker_init, self.results, name)

@@ -8,6 +8,7 @@ these methods only, whether the workers are threads or processes.
 from __future__ import annotations
 
 import atexit
+import queue
 import weakref
 from typing import Any, Protocol
 
@@ -84,8 +85,16 @@ class InProcessPool:
     backend = "thread"
     #: what a failed ``worker_init``'s note calls a worker, before its number
     worker_kind = "thread worker"
-    pass_id: int
-    outstanding: dict[int, tuple[int, Any]]  # seq -> (worker, item)
+
+    def __init__(self, name: str, workers: int, round_robin: bool) -> None:
+        self.name = name
+        self.workers = workers
+        self.round_robin = round_robin
+        self.closed = False
+        self.broken = False
+        self.pass_id = 0
+        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (worker, item)
+        self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def _mine(self, reply: Reply) -> bool:
         """Whether *reply* belongs to this pass (else it is dropped); a failed

@@ -30,16 +30,9 @@ class ThreadPool(InProcessPool):
         base_seed: int,
         round_robin: bool,
     ) -> None:
-        self.name = name
-        self.workers = workers
-        self.round_robin = round_robin
-        self.closed = False
-        self.broken = False
-        self.pass_id = 0
+        super().__init__(name, workers, round_robin)
         self.current = [0]  # shared with the threads: tasks of other passes are skipped
         self.active = [True] * workers
-        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (worker or -1, item)
-        self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
         shared: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
         self._rr = itertools.cycle(range(workers))
