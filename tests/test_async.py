@@ -78,11 +78,12 @@ class Gauge:
     def __init__(self, delay: float) -> None:
         self.delay = delay
         self.lock = threading.Lock()
-        self.now = self.peak = 0
+        self.now = self.peak = self.started = 0
 
     async def __call__(self, i: int) -> int:
         with self.lock:
             self.now += 1
+            self.started += 1
             self.peak = max(self.peak, self.now)
         await asyncio.sleep(self.delay)
         with self.lock:
@@ -116,6 +117,37 @@ def test_threads_match_the_plain_map(n, workers, max_in_flight, ordered, round_r
     got = list(pf.indices(n) | stage)
     want = [i * i for i in range(n)]
     assert got == want if ordered else sorted(got) == want
+
+
+@given(
+    n=st.integers(0, 60),
+    workers=st.integers(1, 3),
+    max_in_flight=st.none() | st.integers(1, 12),
+    ordered=st.booleans(),
+    round_robin=st.booleans(),
+)
+@example(n=60, workers=3, max_in_flight=2, ordered=True, round_robin=False)  # loops without share
+@settings(max_examples=20, deadline=None)
+def test_loops_never_run_more_than_max_in_flight_nor_hold_more_than_twice(
+    n, workers, max_in_flight, ordered, round_robin
+) -> None:
+    gauge = Gauge(0.002)
+    stage = pf.parallel_map(
+        gauge,
+        workers=workers,
+        max_in_flight=max_in_flight,
+        ordered=ordered,
+        round_robin=round_robin,
+    )
+    bound = max_in_flight or 64 * workers
+    got = []
+    for x in pf.indices(n) | stage:
+        got.append(x)
+        with gauge.lock:
+            started = gauge.started
+        assert started - len(got) <= 2 * bound  # started, not yet consumed: at most twice
+    assert got == list(range(n)) if ordered else sorted(got) == list(range(n))
+    assert gauge.peak <= bound
 
 
 @given(
@@ -373,13 +405,13 @@ def test_a_persistent_pool_cancels_an_abandoned_pass_at_the_next(tmp_path, no_le
     loader = pf.indices(5) | pf.parallel_map(hang, workers=1, max_in_flight=4, persistent=True)
     it = iter(loader)
     assert next(it) == 0
-    wait_for(lambda: marks(tmp_path)[0] == [3])
+    wait_for(lambda: marks(tmp_path)[0] == [3, 4])  # 4 started as 0, 1 and 2 ended
     it.close()
     time.sleep(0.05)
-    assert marks(tmp_path) == ([3], [])  # the pool and its coroutines are kept...
+    assert marks(tmp_path) == ([3, 4], [])  # the pool and its coroutines are kept...
     it = iter(loader)
     assert next(it) == 0
-    wait_for(lambda: marks(tmp_path)[1] == [3])  # ...until the next pass starts
+    wait_for(lambda: marks(tmp_path)[1] == [3, 4])  # ...until the next pass starts
     it.close()
     loader.close()
     assert not loop_threads()

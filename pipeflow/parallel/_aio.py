@@ -2,7 +2,7 @@
 
 ``parallel_map(async_fn, workers=n)`` runs *n* asyncio event loops, each in its own thread,
 and keeps up to ``max_in_flight`` coroutines in flight over all of them (the stage's
-generator, :func:`pipeflow.parallel._map._results`, bounds them as it bounds any pool's
+generator, :func:`pipeflow.parallel._run._results`, bounds them as it bounds any pool's
 items). :class:`LoopPool` keeps the :class:`~pipeflow.parallel._protocol.Pool` protocol;
 what each loop does is :class:`~pipeflow.parallel._aio_worker.LoopRunner`'s. With
 ``backend="process"`` the same runner runs in each worker process of a
@@ -20,6 +20,7 @@ import collections
 import contextlib
 import inspect
 import itertools
+import operator
 import os
 import queue
 import threading
@@ -28,10 +29,12 @@ from typing import Any
 
 from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
-from pipeflow.parallel._wire import Reply, Task
+from pipeflow.parallel._wire import Reply, Task, reply, tasks
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["LoopPool"]
+
+_worker = operator.itemgetter(3)  # of a Reply
 
 
 class LoopPool(InProcessPool):
@@ -51,18 +54,29 @@ class LoopPool(InProcessPool):
     ) -> None:
         super().__init__(name, workers, round_robin)
         self.load = [0] * workers  # items of this pass on each loop
-        self._rr = itertools.cycle(range(workers))
+        self.usable = list(range(workers))  # the loops with a share of max_in_flight
+        self._rr = itertools.cycle(self.usable)
         self.loops = [
             _Loop(job, wid, workers, base_seed + wid, worker_init, self.results, name)
             for wid in range(workers)
         ]
         LIVE.add(self)
 
+    def backlog(self, in_flight: int) -> int:
+        """Twice *in_flight*: as many items again wait on the loops, to start as coroutines
+        end, as run; so a loop does not wait for this thread (which has to take the GIL from
+        it) to hand it more."""
+        return 2 * in_flight
+
     def start_pass(self, max_in_flight: int) -> None:
         self.pass_id += 1
         self.outstanding.clear()
         self.load = [0] * self.workers
-        self._rr = itertools.cycle(range(self.workers))
+        share, extra = divmod(max_in_flight, self.workers)
+        for wid, lp in enumerate(self.loops):  # an int, read by the loop's thread
+            lp.runner.limit = share + (wid < extra)
+        self.usable = [wid for wid, lp in enumerate(self.loops) if lp.runner.limit]
+        self._rr = itertools.cycle(self.usable)
 
     def can_submit(self) -> bool:
         return True
@@ -73,11 +87,21 @@ class LoopPool(InProcessPool):
         elif self.round_robin:
             wid = next(self._rr)
         else:
-            wid = min(range(self.workers), key=self.load.__getitem__)
+            wid = min(self.usable, key=self.load.__getitem__)
         self.loops[wid].put(Task(self.pass_id, seq, epoch, item))
-        self.outstanding[seq] = (wid, item)
+        self.outstanding[seq] = item
         self.load[wid] += 1
         return True
+
+    def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
+        if self.workers > 1:
+            for seq, item in items:
+                self.submit(seq, epoch, item)
+            return len(items)
+        self.loops[0].put_many(tasks(self.pass_id, epoch, items))
+        self.outstanding.update(items)
+        self.load[0] += len(items)
+        return len(items)
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
         try:
@@ -86,14 +110,17 @@ class LoopPool(InProcessPool):
             return None
         out: list[Reply] = []
         while True:
-            for reply in batch:
-                if self._mine(reply):
-                    self.load[reply.worker] -= 1
-                    out.append(reply)
+            out += self._mine_all(batch)
             try:
                 batch = self.results.get_nowait()
             except queue.Empty:
-                return out
+                break
+        if self.workers == 1:
+            self.load[0] -= len(out)
+        else:
+            for wid in map(_worker, out):
+                self.load[wid] -= 1
+        return out
 
     def close(self) -> None:
         """Cancel the coroutines in flight and stop every loop (threads joined)."""
@@ -146,6 +173,13 @@ class _Loop:
             self.woken = True
             self.loop.call_soon_threadsafe(self._drain)
 
+    def put_many(self, tasks: list[Task]) -> None:
+        """Hand *tasks* to the loop, waking it once."""
+        self.inbox.extend(tasks)
+        if not self.woken:
+            self.woken = True
+            self.loop.call_soon_threadsafe(self._drain)
+
     def _drain(self) -> None:
         self.woken = False  # before draining: a task put from now on wakes the loop again
         if not self.ready:  # an async worker_init still runs: _main drains after it
@@ -159,7 +193,7 @@ class _Loop:
             self.loop.call_soon(self._flush)  # after the other callbacks of this turn
         if kind == "err":  # in a box the pool empties as it raises it (see _wire.Reply)
             value = [value]
-        self.outbox.append(Reply(task.pass_id, kind, task.seq, self.wid, took, value))  # type: ignore[arg-type]
+        self.outbox.append(reply(task.pass_id, kind, task.seq, self.wid, took, value))
 
     def _flush(self) -> None:
         batch, self.outbox = self.outbox, []

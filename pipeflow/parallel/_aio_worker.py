@@ -15,6 +15,7 @@ the user's job brings), so a spawned worker imports torch only when the user's c
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 import os
@@ -58,40 +59,88 @@ class CoroutineJob(MapJob):
 
 
 class LoopRunner:
-    """One event loop's share of the work: a task per item, each outcome delivered once."""
+    """One event loop's share of the work: a task per item, each outcome delivered once.
 
-    def __init__(self, job: CoroutineJob, deliver: Deliver) -> None:
+    With a *limit*, at most that many coroutines run at once: further tasks wait here, in
+    order, and each starts as soon as a running one ends, on the loop, without waiting for
+    the thread or process that sends the tasks. So the loop stays busy while its results
+    wait to be consumed.
+    """
+
+    def __init__(self, job: CoroutineJob, deliver: Deliver, limit: int | None = None) -> None:
         self.job = job
         self.fn: Any = job.fn
         self.deliver = deliver
+        self.limit = limit
         self.loop: asyncio.AbstractEventLoop | None = None
-        #: (pass, seq) -> the asyncio task running it, and the task record
-        self.running: dict[tuple[int, int], tuple[asyncio.Task[None], Task]] = {}
+        #: the pass's running items: seq -> the asyncio task (a dict for each pass, so that an
+        #: item allocates no key; an abandoned pass's dict lives until its tasks are over)
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self.records: dict[int, Task] = {}  # seq -> the task record, for the same items
+        self.waiting: collections.deque[Task] = collections.deque()  # over the limit
         self.pass_id = 0
         self.stopping = False
+        self.winding: list[dict[int, asyncio.Task[None]]] = []  # abandoned passes' running
+
+    def count(self) -> int:
+        """Coroutines running now, the abandoned passes' included."""
+        return len(self.running) + sum(map(len, self.winding))
 
     def start(self, task: Task) -> None:
-        """Start *task* on the running loop (called in the loop's thread)."""
+        """Start *task* on the running loop, or queue it behind the limit (called in the
+        loop's thread)."""
         if task.pass_id > self.pass_id:  # a new pass: the old one was abandoned
             self.pass_id = task.pass_id
-            for key, (t, old) in list(self.running.items()):
-                if key[0] < task.pass_id:
-                    t.cancel()
-                    t.add_done_callback(functools.partial(self._unstarted, key, old))
+            self._abandon()
         elif task.pass_id < self.pass_id:  # queued before the pass was abandoned
             self.deliver(task, "err", 0, asyncio.CancelledError())
             return
+        limit = self.limit
+        if limit is not None and (
+            len(self.running) >= limit or (self.winding and self.count() >= limit)
+        ):
+            self.waiting.append(task)
+            return
+        self._begin(task)
+
+    def _abandon(self) -> None:
+        """Cancel the running pass's coroutines; answer its waiting tasks at once."""
+        old, records = self.running, self.records
+        self.running, self.records = {}, {}
+        if old:
+            self.winding.append(old)
+            for seq, t in list(old.items()):
+                t.cancel()
+                t.add_done_callback(functools.partial(self._unstarted, old, records[seq]))
+        while self.waiting:  # never started
+            self.deliver(self.waiting.popleft(), "err", 0, asyncio.CancelledError())
+
+    def _begin(self, task: Task) -> None:
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
-        key = (task.pass_id, task.seq)
-        self.running[key] = (self.loop.create_task(self._one(task, key)), task)
+        running = self.running
+        running[task.seq] = self.loop.create_task(self._one(task, running))
+        self.records[task.seq] = task
 
-    def _unstarted(self, key: tuple[int, int], task: Task, _: Any) -> None:
+    def _ended(self, task: Task, running: dict[int, asyncio.Task[None]]) -> bool:
+        """*task*'s coroutine is over: the next waiting task, if any, starts. Whether it was
+        still running (its outcome not delivered yet)."""
+        if running.pop(task.seq, None) is None:
+            return False
+        if running is self.running:
+            del self.records[task.seq]
+        elif not running:  # the last of an abandoned pass
+            self.winding.remove(running)
+        if self.waiting and not self.stopping:
+            self._begin(self.waiting.popleft())
+        return True
+
+    def _unstarted(self, running: dict[int, asyncio.Task[None]], task: Task, _: Any) -> None:
         """A task cancelled before its coroutine ran: no ``finally`` of ours answered it."""
-        if self.running.pop(key, None) is not None:
+        if self._ended(task, running):
             self.deliver(task, "err", 0, asyncio.CancelledError())
 
-    async def _one(self, task: Task, key: tuple[int, int]) -> None:
+    async def _one(self, task: Task, running: dict[int, asyncio.Task[None]]) -> None:
         started = time.perf_counter_ns()
         try:  # the user's coroutine awaited here, not through CoroutineJob.arun: one frame less
             out = await self.fn(task.item)
@@ -106,12 +155,13 @@ class LoopRunner:
         else:
             self.deliver(task, "ok", time.perf_counter_ns() - started, out)
         finally:  # not a done callback: that would be one more loop callback per item
-            self.running.pop(key, None)
+            self._ended(task, running)
 
     async def stop(self, grace: float = CANCEL_GRACE) -> None:
         """Cancel every task and give their ``finally`` blocks up to *grace* seconds."""
         self.stopping = True
-        tasks = [t for t, _ in self.running.values()]
+        self.waiting.clear()
+        tasks = [t for running in (self.running, *self.winding) for t in running.values()]
         for t in tasks:
             t.cancel()
         if tasks:

@@ -1,211 +1,25 @@
-"""``parallel_map``: a generator that keeps workers busy, and one that puts results in order.
-
-Read it top-down: :func:`_parallel_map` is the stage's generator — it borrows a pool for the
-pass, numbers the items, and yields what :func:`_results` and :func:`_in_order` make of them.
-:func:`_results` keeps at most ``max_in_flight`` items out at once (backpressure) and yields
-replies as they arrive; :func:`_in_order` holds early ones back until their turn. The pools
-(:mod:`pipeflow.parallel._processes`, :mod:`pipeflow.parallel._threads`) run the items and
-turn failures into exceptions here: the user's own (same type, worker traceback chained, a
-note naming the stage, the item, the worker and its pid), ``WorkerDiedError``,
-``WorkerTimeoutError``.
-"""
+"""``parallel_map``: the stage, its settings checked when it is built; each pass runs in
+:func:`pipeflow.parallel._run.run_parallel`."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import is_coroutine_function, refuse
-from pipeflow._failure import Failure, WithDropped
 from pipeflow._stage import Stage, _short
-from pipeflow.errors import WorkerTimeoutError
 from pipeflow.parallel._aio_worker import CoroutineJob
-from pipeflow.parallel._jobs import Exhausted, PassNote, describe_item
-from pipeflow.parallel._kept import Kept
-from pipeflow.parallel._protocol import Pool
+from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
-from pipeflow.parallel._wire import Reply
 from pipeflow.parallel._worker import MapJob
-from pipeflow.state import Delivery, Resume, numbered, recording
+from pipeflow.state import Delivery, Resume
 
-__all__ = ["ParallelMap", "parallel_map", "run_parallel"]
+__all__ = ["ParallelMap", "parallel_map"]
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-
-def run_parallel(
-    job: Any,
-    config: Settings,
-    name: str,
-    upstream: Iterable[Any] | None,
-    context: Context,
-    hooks: Hooks | None,
-    note: PassNote | None = None,
-) -> Iterator[Any]:
-    """One pass of a parallel stage (``upstream`` ``None``: the workers are sources, and
-    each task carries *note*, what the pass tells them: see ``SourceJob``)."""
-    hooks = hooks or Hooks()
-    order = hooks.record.order if hooks.record is not None else None
-    stats = hooks.stats
-    if stats is not None and config.workers:
-        stats.workers, stats.max_in_flight = config.workers, config.in_flight
-    skip = hooks.resume or frozenset()
-    items = None if upstream is None else numbered(upstream, context.offset, skip)
-    if config.workers == 0:  # in the calling thread: the reference the parallel runs equal
-        yield from recording(_inline(job, items, context.epoch, context.offset, note), order)
-        return
-    kept = hooks.resources.setdefault("pool", Kept())
-    pool, borrowed = kept.borrow(
-        config,
-        lambda: config.make_pool(job, name, config.base_seed(context)),
-        getattr(job, "facts", None),
-    )
-    kept.passes[context.epoch] = pool
-    done = [0]  # results delivered to the consumer: what the in-flight bound counts
-    out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
-    try:
-        replies = _results(pool, items, context, config, done, stats, out, note)
-        if config.ordered:
-            replies = _in_order(replies, context.offset, pool.drop)
-        yield from recording(_values(pool, replies, done, out), order)
-    finally:
-        kept.give_back(pool, borrowed)
-
-
-def _results(
-    pool: Pool,
-    items: Iterator[tuple[int, Any]] | None,
-    context: Context,
-    config: Settings,
-    done: list[int],
-    stats: Any,
-    out: dict[int, Any],
-    note: PassNote | None = None,
-) -> Iterator[Reply]:
-    """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield every
-    reply as it arrives."""
-    pool.start_pass(config.in_flight)
-    sent = received = 0
-    seq = context.offset  # a source's items are numbered from here
-    held: tuple[int, Any] | None = None  # an item no worker had room for yet
-    exhausted = False
-    arrived: deque[Reply] = deque()
-    try:
-        while True:
-            while not exhausted and sent - done[0] < config.in_flight:
-                if held is None:
-                    if items is not None:
-                        held = next(items, None)
-                    elif pool.can_submit():  # source workers: "your next item"
-                        held, seq = (seq, note), seq + 1
-                    if held is None:
-                        exhausted = True
-                        break
-                if not pool.submit(held[0], context.epoch, held[1]):
-                    break
-                out[held[0]] = held[1]
-                held, sent = None, sent + 1
-            if exhausted and received == sent:
-                return
-            got = pool.collect(config.timeout)
-            if got is None:
-                msg = (
-                    f"parallel stage {pool.name!r}: no result within timeout={config.timeout} "
-                    f"s; in flight: {pool.in_flight()}"
-                )
-                raise WorkerTimeoutError(msg)
-            received += len(got)
-            if stats is not None:  # queue occupancy and per-item times, for loader.stats()
-                stats.in_flight += sent - done[0]
-                stats.in_flight_samples += 1
-                for reply in got:
-                    stats.task_ns.append(reply.took)
-                    stats.task_total_ns += reply.took
-            arrived.extend(got)
-            while arrived:
-                yield arrived.popleft()
-    finally:  # replies that arrived but will not be delivered give back what they hold
-        for reply in arrived:
-            pool.drop(reply)
-
-
-def _in_order(
-    replies: Iterator[Reply], first: int, drop: Callable[[Reply], None]
-) -> Iterator[Reply]:
-    """Hold replies back until every earlier one has gone out."""
-    early: dict[int, Reply] = {}
-    expected = first
-    try:
-        for reply in replies:
-            early[reply.seq] = reply
-            while expected in early:
-                yield early.pop(expected)
-                expected += 1
-    finally:
-        for reply in early.values():
-            drop(reply)
-
-
-def _values(
-    pool: Pool, replies: Iterator[Reply], done: list[int], out: dict[int, Any]
-) -> Iterator[tuple[int, Any]]:
-    """``(number, result)`` for each reply; a failed item's result is its
-    :class:`~pipeflow._failure.Failure`, and the next item goes on."""
-    for reply in replies:
-        done[0] += 1
-        item = out.pop(reply.seq, None)
-        if reply.kind == "end":  # a source worker that ran out
-            continue
-        try:
-            value = pool.value(reply)
-        except Exception as e:  # the item's own error, rebuilt here
-            value = Failure(e, _indices(item, reply.seq))
-        if value.__class__ is WithDropped:
-            yield from _unpack(reply.seq, value)
-        else:
-            yield reply.seq, value
-
-
-def _unpack(seq: int, value: Any) -> Iterator[tuple[int, Any]]:
-    """A result, then the failures of the samples its batch went on without."""
-    if value.__class__ is WithDropped:
-        yield seq, value.value
-        for failure in value.dropped:
-            yield seq, failure
-    else:
-        yield seq, value
-
-
-def _indices(item: Any, seq: int) -> list[Any]:
-    where = describe_item(item, seq)
-    return where.get("batch") or ([where["index"]] if "index" in where else [])
-
-
-def _inline(
-    job: Any,
-    items: Iterator[tuple[int, Any]] | None,
-    epoch: int,
-    first: int,
-    note: PassNote | None = None,
-) -> Iterator[tuple[int, Any]]:
-    if items is None:
-        seq = first
-        while True:
-            try:
-                yield seq, job.run(note, epoch, seq)
-            except Exhausted:
-                return
-            seq += 1
-    for seq, item in items:
-        try:
-            value = job.run(item, epoch, seq)
-        except Exception as e:
-            value = Failure(e, _indices(item, seq))
-        yield from _unpack(seq, value)
 
 
 class ParallelMap(Stage[T, U]):
@@ -291,7 +105,8 @@ def parallel_map(
 
     An ``async def`` *fn* (or an object whose ``__call__`` is one) runs on asyncio event loops:
     *workers* loops in threads, or one loop in each worker process; many items per loop at
-    once, up to *max_in_flight* in all (default ``64 * workers``). Stopping early cancels the
+    once, up to *max_in_flight* in all (default ``64 * workers``); on threads as many items
+    again may wait on the loops, to start as coroutines end. Stopping early cancels the
     coroutines in flight. See the how-to "Remote data: threads, processes or coroutines".
 
     At most *max_in_flight* items are out at once (default ``2 * workers``), so a slow consumer

@@ -24,7 +24,7 @@ from typing import Any
 from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, warm_source_cache
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, PoolDefaults, held
 from pipeflow.parallel._reader import Reader
 from pipeflow.parallel._wire import Encoded, Reply, Task, raise_remote, replies
 from pipeflow.parallel._worker import process_main
@@ -42,7 +42,7 @@ def _readable(conn: Any) -> bool:
     return bool(select.select((conn,), (), (), 0)[0])
 
 
-class ProcessPool:
+class ProcessPool(PoolDefaults):
     """Worker processes, each with its own duplex pipe; results come back via shared memory."""
 
     backend = "process"

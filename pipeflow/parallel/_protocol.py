@@ -1,22 +1,27 @@
 """The small protocol both worker pools keep, and what they share.
 
 A pool runs tasks on its workers and hands back :class:`~pipeflow.parallel._wire.Reply`
-records; the parallel stage's generator (:mod:`pipeflow.parallel._map`) drives it through
+records; the parallel stage's generator (:mod:`pipeflow.parallel._run`) drives it through
 these methods only, whether the workers are threads or processes.
 """
 
 from __future__ import annotations
 
 import atexit
+import operator
 import queue
 import weakref
+from collections import deque
+from itertools import repeat
 from typing import Any, Protocol
 
 from pipeflow.errors import describe_indices
 from pipeflow.parallel._jobs import describe_item
 from pipeflow.parallel._wire import Reply
 
-__all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "held"]
+__all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "PoolDefaults", "held"]
+
+_pass_of, _seq = operator.itemgetter(0), operator.itemgetter(2)  # of a Reply
 
 #: How long workers get to finish their current item after being told to stop.
 STOP_GRACE = 1.0
@@ -37,6 +42,7 @@ class Pool(Protocol):
     workers: int
     closed: bool
     broken: bool  # a worker died: the pool can't be reused
+    plain: bool  # an "ok" reply's payload is the result itself (nothing to decode or free)
 
     def start_pass(self, max_in_flight: int) -> None:
         """Forget the tasks of an earlier pass; the next tasks belong to a new one."""
@@ -46,6 +52,14 @@ class Pool(Protocol):
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
         """Send item number *seq*; ``False`` (nothing sent) when no worker has room now."""
+
+    def backlog(self, in_flight: int) -> int:
+        """How many items may be out at once (sent, not yet consumed) when *in_flight* may
+        run at once."""
+
+    def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
+        """Send ``(seq, item)`` pairs in turn; how many were sent (the first ones) before no
+        worker had room."""
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
         """Wait for replies; ``None`` when *timeout* passed with none (a list, maybe empty,
@@ -78,11 +92,30 @@ def held(items: dict[int, Any]) -> str:
     return f"sample indices {describe_indices(flat)}" if flat else "no items"
 
 
-class InProcessPool:
+class PoolDefaults:
+    """What a pool has unless it does better: items sent one by one, as many out as may run."""
+
+    plain = False
+
+    def submit(self, seq: int, epoch: int, item: Any) -> bool:
+        raise NotImplementedError
+
+    def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
+        for sent, (seq, item) in enumerate(items):
+            if not self.submit(seq, epoch, item):
+                return sent
+        return len(items)
+
+    def backlog(self, in_flight: int) -> int:
+        return in_flight
+
+
+class InProcessPool(PoolDefaults):
     """What pools whose workers are threads of this process share (worker threads, event-loop
     threads): results are the workers' own objects, nothing to decode or give back."""
 
     backend = "thread"
+    plain = True
     #: what a failed ``worker_init``'s note calls a worker, before its number
     worker_kind = "thread worker"
 
@@ -93,7 +126,7 @@ class InProcessPool:
         self.closed = False
         self.broken = False
         self.pass_id = 0
-        self.outstanding: dict[int, tuple[int, Any]] = {}  # seq -> (worker, item)
+        self.outstanding: dict[int, Any] = {}  # seq -> item, for the items out now
         self.results: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def _mine(self, reply: Reply) -> bool:
@@ -109,6 +142,13 @@ class InProcessPool:
         self.outstanding.pop(reply.seq, None)
         return True
 
+    def _mine_all(self, replies: list[Reply]) -> list[Reply]:
+        """:meth:`_mine` over a list: in C when all are this pass's (as they mostly are)."""
+        if len(set(map(_pass_of, replies))) == 1 and replies[0].pass_id == self.pass_id:
+            deque(map(self.outstanding.pop, map(_seq, replies), repeat(None)), 0)
+            return replies
+        return [reply for reply in replies if self._mine(reply)]
+
     def value(self, reply: Reply) -> Any:
         if reply.kind == "err":
             error = reply.payload.pop()  # the box empties: no reply keeps the exception
@@ -122,4 +162,4 @@ class InProcessPool:
         pass
 
     def in_flight(self) -> str:
-        return held({seq: item for seq, (_, item) in self.outstanding.items()})
+        return held(self.outstanding)

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from pipeflow._context import Context, Hooks
 from pipeflow.loader import Loader, Source
 from pipeflow.parallel._jobs import PassNote, SourceJob
-from pipeflow.parallel._map import run_parallel
+from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 
 __all__ = ["parallel_source"]

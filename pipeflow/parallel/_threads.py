@@ -4,17 +4,21 @@ sources. Items and results are shared, nothing is pickled."""
 from __future__ import annotations
 
 import itertools
+import operator
 import queue
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from pipeflow.parallel._jobs import SourceJob
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
-from pipeflow.parallel._wire import Reply, Task
+from pipeflow.parallel._wire import Reply, Task, tasks
 from pipeflow.parallel._worker import thread_main
 
 __all__ = ["ThreadPool"]
+
+_kind = operator.itemgetter(1)  # of a Reply
 
 
 class ThreadPool(InProcessPool):
@@ -76,24 +80,34 @@ class ThreadPool(InProcessPool):
                 if self.active[wid]:
                     break
         self.queues[max(wid, 0)].put(Task(self.pass_id, seq, epoch, item))
-        self.outstanding[seq] = (wid, item)
+        self.outstanding[seq] = item
         return True
 
+    def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
+        if self.round_robin:
+            for seq, item in items:
+                self.submit(seq, epoch, item)
+            return len(items)
+        deque(map(self.queues[0].put, tasks(self.pass_id, epoch, items)), 0)
+        self.outstanding.update(items)
+        return len(items)
+
     def collect(self, timeout: float | None) -> list[Reply] | None:
-        out: list[Reply] = []
         try:
-            reply: Reply = self.results.get(timeout=timeout)
+            got: list[Reply] = [self.results.get(timeout=timeout)]
         except queue.Empty:
             return None
         while True:
-            if self._mine(reply):
+            try:
+                got.append(self.results.get_nowait())
+            except queue.Empty:
+                break
+        out = self._mine_all(got)
+        if "end" in map(_kind, out):  # source workers that ran out
+            for reply in out:
                 if reply.kind == "end":
                     self.active[reply.worker] = False
-                out.append(reply)
-            try:
-                reply = self.results.get_nowait()
-            except queue.Empty:
-                return out
+        return out
 
     def close(self) -> None:
         if self.closed:

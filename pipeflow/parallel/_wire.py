@@ -13,7 +13,17 @@ from typing import Any, Literal, NamedTuple
 
 from pipeflow.errors import WorkerError, _RemoteTraceback
 
-__all__ = ["Encoded", "RemoteError", "Reply", "Task", "raise_remote", "remote_error", "replies"]
+__all__ = [
+    "Encoded",
+    "RemoteError",
+    "Reply",
+    "Task",
+    "raise_remote",
+    "remote_error",
+    "replies",
+    "reply",
+    "tasks",
+]
 
 
 class Task(NamedTuple):
@@ -74,6 +84,20 @@ class Reply(NamedTuple):
     worker: int
     took: int = 0
     payload: Any = None
+
+
+_new = tuple.__new__
+
+
+def tasks(pass_id: int, epoch: int, items: list[tuple[int, Any]]) -> list[Task]:
+    """The tasks for ``(seq, item)`` pairs, built with no Python call per task."""
+    return [_new(Task, (pass_id, seq, epoch, item, None)) for seq, item in items]
+
+
+def reply(pass_id: int | None, kind: str, seq: int, worker: int, took: int, payload: Any) -> Reply:
+    """``Reply(...)`` with every field given: the same record, without the Python
+    ``__new__`` a NamedTuple's constructor runs (a reply per item, on a busy event loop)."""
+    return _new(Reply, (pass_id, kind, seq, worker, took, payload))
 
 
 def remote_error(e: BaseException) -> RemoteError:

@@ -1,0 +1,262 @@
+"""One pass of a parallel stage: a generator that keeps the workers busy, one that puts
+results in order, and one that hands them on.
+
+Read it top-down: :func:`run_parallel` borrows a pool for the pass, numbers the items, and
+yields what :func:`_results`, :func:`_in_order` and :func:`_delivered` make of them.
+:func:`_results` keeps at most ``max_in_flight`` items out at once (backpressure) and yields
+the replies as they arrive, a list at a time; :func:`_in_order` holds early ones back until
+their turn. The pools (:mod:`pipeflow.parallel._processes`, :mod:`pipeflow.parallel._threads`,
+:mod:`pipeflow.parallel._aio`) run the items and turn failures into exceptions here: the
+user's own (same type, worker traceback chained, a note naming the stage, the item, the
+worker and its pid), ``WorkerDiedError``, ``WorkerTimeoutError``. ``parallel_map``
+(:mod:`pipeflow.parallel._map`) and ``parallel_source`` (:mod:`pipeflow.parallel._source`)
+are its two stages.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice, repeat
+from typing import Any
+
+from pipeflow._context import Context, Hooks
+from pipeflow._failure import Failure, WithDropped
+from pipeflow.errors import WorkerTimeoutError
+from pipeflow.parallel._jobs import Exhausted, PassNote, describe_item
+from pipeflow.parallel._kept import Kept
+from pipeflow.parallel._protocol import Pool
+from pipeflow.parallel._settings import Settings
+from pipeflow.parallel._wire import Reply
+from pipeflow.state import numbered, recording
+
+__all__ = ["run_parallel"]
+
+
+def run_parallel(
+    job: Any,
+    config: Settings,
+    name: str,
+    upstream: Iterable[Any] | None,
+    context: Context,
+    hooks: Hooks | None,
+    note: PassNote | None = None,
+) -> Iterator[Any]:
+    """One pass of a parallel stage (``upstream`` ``None``: the workers are sources, and
+    each task carries *note*, what the pass tells them: see ``SourceJob``)."""
+    hooks = hooks or Hooks()
+    order = hooks.record.order if hooks.record is not None else None
+    stats = hooks.stats
+    if stats is not None and config.workers:
+        stats.workers, stats.max_in_flight = config.workers, config.in_flight
+    skip = hooks.resume or frozenset()
+    items = None if upstream is None else numbered(upstream, context.offset, skip)
+    if config.workers == 0:  # in the calling thread: the reference the parallel runs equal
+        yield from recording(_inline(job, items, context.epoch, context.offset, note), order)
+        return
+    kept = hooks.resources.setdefault("pool", Kept())
+    pool, borrowed = kept.borrow(
+        config,
+        lambda: config.make_pool(job, name, config.base_seed(context)),
+        getattr(job, "facts", None),
+    )
+    kept.passes[context.epoch] = pool
+    done = [0]  # results delivered to the consumer: what the in-flight bound counts
+    out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
+    try:
+        replies = _results(pool, items, context, config, done, stats, out, note)
+        if config.ordered:
+            replies = _in_order(replies, context.offset, pool.drop)
+        yield from _delivered(pool, replies, done, out, order)
+    finally:
+        kept.give_back(pool, borrowed)
+
+
+# Fields of a Reply (a NamedTuple), read in C over a whole list of them.
+_kind, _seq, _took, _payload = (operator.itemgetter(i) for i in (1, 2, 4, 5))
+_ONLY_OK = frozenset(("ok",))
+
+
+def _results(
+    pool: Pool,
+    items: Iterator[tuple[int, Any]] | None,
+    context: Context,
+    config: Settings,
+    done: list[int],
+    stats: Any,
+    out: dict[int, Any],
+    note: PassNote | None = None,
+) -> Iterator[list[Reply]]:
+    """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield the
+    replies as they arrive, a list at a time.
+
+    Items are taken and sent in runs, as many as there is room for, and replies handled a
+    list at a time: the work here per item is a few operations in C, not a Python loop, so
+    that it takes the workers' GIL (threads, event loops) as little as it can.
+    """
+    pool.start_pass(config.in_flight)
+    epoch, bound = context.epoch, pool.backlog(config.in_flight)
+    sent = received = 0
+    seq = context.offset  # a source's items are numbered from here
+    waiting: list[tuple[int, Any]] = []  # items taken that no worker had room for yet
+    exhausted = False
+    while True:
+        room = bound - (sent - done[0])
+        if room > 0 and items is not None:
+            if not exhausted and len(waiting) < room:
+                want = room - len(waiting)
+                before = len(waiting)
+                waiting.extend(islice(items, want))
+                exhausted = len(waiting) - before < want
+            run = waiting if len(waiting) <= room else waiting[:room]
+            taken = pool.submit_many(run, epoch) if run else 0
+            if taken:
+                out.update(run[:taken] if taken < len(run) else run)
+                del waiting[:taken]
+                sent += taken
+        elif room > 0:  # source workers: "your next item", while any has more
+            while not exhausted and sent - done[0] < bound:
+                if not pool.can_submit():
+                    exhausted = True
+                elif pool.submit(seq, epoch, note):
+                    out[seq] = note
+                    seq, sent = seq + 1, sent + 1
+                else:
+                    break
+        if exhausted and not waiting and received == sent:
+            return
+        got = pool.collect(config.timeout)
+        if got is None:
+            msg = (
+                f"parallel stage {pool.name!r}: no result within timeout={config.timeout} "
+                f"s; in flight: {pool.in_flight()}"
+            )
+            raise WorkerTimeoutError(msg)
+        received += len(got)
+        if stats is not None:  # queue occupancy and per-item times, for loader.stats()
+            stats.in_flight += min(sent - done[0], config.in_flight)
+            stats.in_flight_samples += 1
+            took = list(map(_took, got))
+            stats.task_ns.extend(took)
+            stats.task_total_ns += sum(took)
+        if got:
+            yield got
+
+
+def _in_order(
+    chunks: Iterator[list[Reply]], first: int, drop: Callable[[Reply], None]
+) -> Iterator[list[Reply]]:
+    """Hold replies back until every earlier one has gone out."""
+    early: dict[int, Reply] = {}
+    expected = first
+    try:
+        for chunk in chunks:
+            if not early:  # often a run of consecutive numbers: on as it is
+                seqs = list(map(_seq, chunk))
+                if seqs == list(range(expected, expected + len(seqs))):
+                    expected += len(seqs)
+                    yield chunk
+                    continue
+            early.update(zip(map(_seq, chunk), chunk))
+            ready = []
+            while expected in early:
+                ready.append(early.pop(expected))
+                expected += 1
+            if ready:
+                yield ready
+    finally:
+        for reply in early.values():
+            drop(reply)
+
+
+def _delivered(
+    pool: Pool,
+    chunks: Iterator[list[Reply]],
+    done: list[int],
+    out: dict[int, Any],
+    order: list[int] | None,
+) -> Iterator[Any]:
+    """Each reply's result, one at a time; a failed item's is its
+    :class:`~pipeflow._failure.Failure`, and the next item goes on. Unordered, the numbers of
+    the items delivered go to *order* as each goes out.
+
+    A list of ``"ok"`` replies from threads or event loops, whose results are the workers'
+    own objects, goes out as it is; anything else (a process's encoded result, a failure, a
+    batch that went on without some samples) reply by reply.
+    """
+    note = None if order is None else order.append
+    for chunk in chunks:
+        done[0] += len(chunk)  # nothing more is sent before the consumer has had them all
+        if pool.plain and _ONLY_OK.issuperset(map(_kind, chunk)):
+            deque(map(out.pop, map(_seq, chunk), repeat(None)), 0)
+            values = list(map(_payload, chunk))
+            if WithDropped not in set(map(type, values)):
+                if note is None:
+                    yield from values
+                else:
+                    for seq, value in zip(map(_seq, chunk), values):
+                        note(seq)
+                        yield value
+                continue
+        yield from _one_by_one(pool, chunk, out, note)
+
+
+def _one_by_one(
+    pool: Pool, chunk: list[Reply], out: dict[int, Any], note: Callable[[int], Any] | None
+) -> Iterator[Any]:
+    """The results of *chunk*'s replies as the consumer takes them; replies it does not take
+    (it stopped) give back what they hold."""
+    i = 0
+    try:
+        for i, reply in enumerate(chunk, 1):  # noqa: B007 - the finally reads i
+            item = out.pop(reply.seq, None)
+            if reply.kind == "end":  # a source worker that ran out
+                continue
+            try:
+                value = pool.value(reply)
+            except Exception as e:  # the item's own error, rebuilt here
+                value = Failure(e, _indices(item, reply.seq))
+            for one in _unpack(value):
+                if note is not None:
+                    note(reply.seq)
+                yield one
+    finally:
+        for reply in chunk[i:]:
+            pool.drop(reply)
+
+
+def _unpack(value: Any) -> tuple[Any, ...]:
+    """A result, then the failures of the samples its batch went on without."""
+    if value.__class__ is WithDropped:
+        return (value.value, *value.dropped)
+    return (value,)
+
+
+def _indices(item: Any, seq: int) -> list[Any]:
+    where = describe_item(item, seq)
+    return where.get("batch") or ([where["index"]] if "index" in where else [])
+
+
+def _inline(
+    job: Any,
+    items: Iterator[tuple[int, Any]] | None,
+    epoch: int,
+    first: int,
+    note: PassNote | None = None,
+) -> Iterator[tuple[int, Any]]:
+    if items is None:
+        seq = first
+        while True:
+            try:
+                yield seq, job.run(note, epoch, seq)
+            except Exhausted:
+                return
+            seq += 1
+    for seq, item in items:
+        try:
+            value = job.run(item, epoch, seq)
+        except Exception as e:
+            value = Failure(e, _indices(item, seq))
+        for one in _unpack(value):
+            yield seq, one
