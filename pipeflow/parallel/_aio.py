@@ -1,13 +1,15 @@
 """Coroutine functions in ``parallel_map``: event loops in threads of this process.
 
 ``parallel_map(async_fn, workers=n)`` runs *n* asyncio event loops, each in its own thread,
-and keeps up to ``max_in_flight`` coroutines in flight over all of them (the stage's
-generator, :func:`pipeflow.parallel._run._results`, bounds them as it bounds any pool's
-items). :class:`LoopPool` keeps the :class:`~pipeflow.parallel._protocol.Pool` protocol;
-what each loop does is :class:`~pipeflow.parallel._aio_worker.LoopRunner`'s. With
-``backend="process"`` the same runner runs in each worker process of a
-:class:`~pipeflow.parallel._processes.ProcessPool` instead
-(:func:`~pipeflow.parallel._aio_worker.aio_process_main`).
+and keeps up to ``max_in_flight`` coroutines in flight over all of them: each loop's runner
+runs at most its share and starts the next waiting task as one ends, while the stage's
+generator (:func:`pipeflow.parallel._run._results`) keeps up to twice ``max_in_flight`` items
+out, so the loops always have the next ones at hand. (With fewer ``max_in_flight`` than
+loops, only that many loops get a share, and items.) :class:`LoopPool` keeps the
+:class:`~pipeflow.parallel._protocol.Pool` protocol; what each loop does is
+:class:`~pipeflow.parallel._aio_worker.LoopRunner`'s. With ``backend="process"`` the same
+runner runs in each worker process of a :class:`~pipeflow.parallel._processes.ProcessPool`
+instead (:func:`~pipeflow.parallel._aio_worker.aio_process_main`).
 
 Closing the pool cancels every coroutine in flight, so their ``finally`` blocks run, and
 stops the loops within :data:`~pipeflow.parallel._protocol.STOP_GRACE`.
@@ -25,6 +27,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
@@ -168,12 +171,9 @@ class _Loop:
 
     def put(self, task: Task) -> None:
         """Hand *task* to the loop (from the main thread)."""
-        self.inbox.append(task)
-        if not self.woken:
-            self.woken = True
-            self.loop.call_soon_threadsafe(self._drain)
+        self.put_many((task,))
 
-    def put_many(self, tasks: list[Task]) -> None:
+    def put_many(self, tasks: Sequence[Task]) -> None:
         """Hand *tasks* to the loop, waking it once."""
         self.inbox.extend(tasks)
         if not self.woken:
