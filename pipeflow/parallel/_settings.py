@@ -37,8 +37,10 @@ class Settings:
 
     @property
     def in_flight(self) -> int:
-        """The bound on items out at once: *max_in_flight*, by default twice the workers
-        (:data:`COROUTINES_PER_WORKER` times the workers for a coroutine function)."""
+        """The bound on items running at once: *max_in_flight*, by default twice the workers
+        (:data:`COROUTINES_PER_WORKER` times the workers for a coroutine function). Items out
+        (sent, not yet consumed) are bounded by the pool's ``backlog`` of it: the same, or
+        twice as many for event loops in threads."""
         return (
             self.max_in_flight or (COROUTINES_PER_WORKER if self.coroutines else 2) * self.workers
         )
