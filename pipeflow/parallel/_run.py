@@ -156,13 +156,12 @@ def _in_order(
     expected = first
     try:
         for chunk in chunks:
-            if not early:  # often a run of consecutive numbers: on as it is
-                seqs = list(map(_seq, chunk))
-                if seqs == list(range(expected, expected + len(seqs))):
-                    expected += len(seqs)
-                    yield chunk
-                    continue
-            early.update(zip(map(_seq, chunk), chunk))
+            seqs = list(map(_seq, chunk))
+            if not early and seqs == list(range(expected, expected + len(seqs))):
+                expected += len(seqs)  # a run of consecutive numbers, as is usual: on as it is
+                yield chunk
+                continue
+            early.update(zip(seqs, chunk))
             ready = []
             while expected in early:
                 ready.append(early.pop(expected))
