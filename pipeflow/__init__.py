@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeflow._context import Context
 from pipeflow._decorate import stage
-from pipeflow._stage import Stage
+from pipeflow._stage import Source, Stage
 from pipeflow.batch import batch, unbatch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import pin_memory, to_device
@@ -38,6 +39,7 @@ from pipeflow.progress import progress
 from pipeflow.shared import SharedList, shared_list
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
+from pipeflow.stats import StageStats, Stats
 from pipeflow.transforms import filter, map, random_map
 from pipeflow.worker_info import WorkerInfo, get_worker_info
 
@@ -47,13 +49,17 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Context",
     "DataLoader",
     "ErrorBudgetExceeded",
     "Loader",
     "PipeflowError",
     "SharedList",
+    "Source",
     "Stage",
+    "StageStats",
     "StageStuckError",
+    "Stats",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",

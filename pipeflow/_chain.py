@@ -1,15 +1,15 @@
-"""One pass of a loader: chain the stages' generators, wrapped for statistics and error notes.
+"""One pass of a loader: a loop over the stages, each iterator wrapped by the loader.
 
-The runner is a loop over the stages (``it = stage.apply(it, context)``). Around each stage's
-iterator sits one small generator, :func:`_watch`, that counts its items, times a sample of
-them and names the stage in any exception that passes through it; :func:`_deliver` counts
-what the consumer takes, for ``state_dict()``. Where a resumed pass skips what was consumed
-comes from :func:`pipeflow.state.plan`.
+:func:`run` is the runner: ``it = stage.apply(it, context, hooks)`` for each stage of the
+loader's plan (:mod:`pipeflow._plan`: a computed source, then the stages that run on
+items), with the wrappers of :mod:`pipeflow._wrappers` stacked around each iterator (error
+notes and failure routing, statistics, resume cuts). What each stage is told comes from
+:func:`_contexts`; where a resumed pass skips what was consumed, from
+:func:`pipeflow.state.plan`. :class:`_Pass` is the consumer's iterator.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -18,121 +18,12 @@ from typing import Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
-from pipeflow.errors import StageStuckError, annotate
-from pipeflow.state import Progress, plan
+from pipeflow._plan import Computed, PassPlan
+from pipeflow._wrappers import Route, cut, guarded, remembering, timed
+from pipeflow.errors import annotate
+from pipeflow.state import Plan, Progress, plan
 
 __all__ = ["run"]
-
-#: A fast stream has one item in about 64 timed, at irregular gaps (33 to 96 items, from a
-#: small generator) so that a periodic cost is not always hit or always missed.
-_GAP_MIN, _GAP_SPREAD = 33, 63
-#: Items are timed in windows of this many timed items; the first window times every item.
-_WINDOW = 256
-#: A window whose items took less than this on average, none more than 8 times it, is
-#: followed by a sampled one (two clock reads per item would then be a cost worth saving);
-#: otherwise every item is timed: slow items, and fast ones with a heavy one among them
-#: (a file read every 64 items), whose cost a sample would catch only by chance.
-_TIME_ALL_NS = 20_000
-#: The watchers write what they counted into the shared record this often.
-_FLUSH_NS = 50_000_000
-#: A stage whose exceptions wait in a stash (the next stage does not take failures) is asked
-#: again at once; after this many in a row with no item, it is taken for stuck (an iterator
-#: that raises on every next()) and its stream ends with a StageStuckError.
-_STUCK = 1000
-
-
-def run(
-    source: Any,
-    stages: tuple[Any, ...],
-    *,
-    epoch: int,
-    base_seed: int | Callable[[], int] | None,
-    resume: dict[str, Any],
-    progress: Progress,
-    record: Any,
-    resources: dict[int, dict[Any, Any]],
-) -> Iterator[Any]:
-    """Build the chain of iterators now (as torch does at ``iter()``); drive it later."""
-    contexts = _contexts(source, stages, epoch, base_seed)
-    skip = plan(stages, contexts, resume) if resume else None
-    recs = record.stages if record is not None else [None] * (len(stages) + 1)
-    waits = record.waits if record is not None else None
-    chain: list[Iterator[Any]] = []
-    name = source.name
-    try:
-        seekable = source.positions() is not None
-        skipped = skip.source_skip if skip is not None else 0
-        first = Context(epoch, start=skipped if seekable else 0, base_seed=base_seed)
-        if getattr(source, "uses_hooks", False):  # a parallel source: its pool is kept here
-            hooks = Hooks(recs[0], None, None, resources.setdefault(-1, {}))
-            it: Iterator[Any] = source.iterate(first, hooks)
-        else:
-            it = source.iterate(first)
-        if skipped and not seekable:
-            it = itertools.islice(it, skipped, None)
-        # Failures go around the stages that don't take them: set aside by the watcher
-        # before the stage, out before the stage's next item (see pipeflow._failure).
-        stashes: list[deque[Failure] | None] = [
-            None if s.failures == "pass" else deque() for s in stages
-        ]
-        first_stash = stashes[0] if stages else None
-        waits0 = None if stages else waits
-        chain.append(_watch(it, name, epoch, None, recs[0], waits0, None, None, first_stash))
-        keys: list[Any] | None = None  # what the last dataset-reading stage was given
-        cut = dict(skip.cut) if skip else {}
-        starts = dict(skip.start) if skip else {}
-        extras = dict(skip.extras) if skip else {}
-        for i, s in enumerate(stages):
-            name = s.name
-            context = contexts[i]
-            if skip is not None:
-                positions = context.positions if i or not skip.source_skip else None
-                context = replace(
-                    context, offset=skip.offsets[i], start=starts.get(i, 0), positions=positions
-                )
-            upstream = chain[-1]
-            if s.dataset is not None:  # the next stages' errors name the keys it read
-                keys = [None]
-                upstream = _remember(upstream, keys)
-            kept = s.new_record(context, extras.get(i))  # what state_dict() will need
-            if kept is not None:
-                progress.deliveries[i] = kept
-            hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(i, {}))
-            it = s.apply(upstream, context, hooks)
-            if i in cut:
-                it = itertools.islice(it, cut[i], None)
-            last = i == len(stages) - 1
-            stash = None if last else stashes[i + 1]
-            divert = stash if s.failures != "bypass" else None  # can its items be failures?
-            waits_i = waits if last else None
-            chain.append(
-                _watch(it, name, epoch, keys, recs[i + 1], waits_i, stashes[i], divert, stash)
-            )
-    except Exception as e:
-        annotate(e, name, epoch)
-        _close_all(chain)
-        raise
-    return _Pass(chain, progress, record)
-
-
-def _contexts(source: Any, stages: tuple[Any, ...], epoch: int, base_seed: Any) -> list[Context]:
-    """Each stage's context in a pass from the start of the epoch."""
-    n = source.length()
-    context = Context(epoch, positions=source.positions(), base_seed=base_seed)
-    out = []
-    for i, s in enumerate(stages):
-        n = None if n is None else s.length(n)
-        ignoring = tuple(t for later in stages[i + 1 :] for t in later.drops_failures())
-        context = replace(context, total=n, ignoring=ignoring)
-        out.append(context)
-        after = s.context_after(context)
-        facts = after.facts
-        if "input" in facts and facts["input"] is context.facts.get("input"):
-            # facts["input"] describes the next stage's input only: a stage that did not
-            # publish it anew passes its own input's description on to nobody.
-            facts = {k: v for k, v in facts.items() if k != "input"}
-        context = replace(after, positions=None, total=None, facts=facts)
-    return out
 
 
 class _Pass:
@@ -218,139 +109,122 @@ def _close_all(chain: list[Iterator[Any]]) -> None:
                     raise
 
 
-def _watch(
-    it: Iterator[Any],
-    name: str,
-    epoch: int,
-    keys: list[Any] | None,
-    rec: Any,
-    waits: Any,
-    bypassed: deque[Failure] | None,
-    divert: deque[Failure] | None,
-    stash: deque[Failure] | None,
+def run(
+    planned: PassPlan,
+    context: Context,
+    resume: dict[str, Any],
+    progress: Progress,
+    record: Any,
+    resources: dict[int, dict[Any, Any]],
 ) -> Iterator[Any]:
-    """Pass a stage's items on: count them, time a sample, turn an exception into a failure.
+    """Build the chain of iterators now (as torch does at ``iter()``); drive it later.
 
-    An item's time runs from the moment the stage below asks for it until it is handed over.
-    Items are timed in windows of ``_WINDOW`` timed items: the first window times every item;
-    after a window whose items took less than ``_TIME_ALL_NS`` on average and none more than 8
-    times that, about one item in 64 is timed, standing for the items since the last one
-    timed. So slow items (batches) are all timed, and fast ones (indices) cost a count and a
-    test each.
-
-    An exception from the stage gets a note naming the stage (after a dataset-reading stage,
-    *keys* holds the key it read last: the note names those sample indices) and goes on as a
-    :class:`~pipeflow._failure.Failure`; then the stage is asked for its next item (a
-    ``map`` goes on, a generator that raised is finished). Failures that went around this
-    stage (*bypassed*) go out before its next item. When the next stage does not take
-    failures, they go to its *stash* instead of to it: *divert* is that stash when this stage
-    can yield failures as items, ``None`` when it never does (no test per item then).
+    *context* is the pass's (its epoch and base seed); *resources* what the loader keeps
+    across passes for each of its stages, by their position in the loader.
     """
-    n = 0  # items handed on (a failure is one)
-    clock = time.perf_counter_ns
-    busy = 0  # estimated ns, not yet written to the record
-    flushed = 0
-    gap = 1  # the items the next timed one stands for: 1 while every item is timed
-    sampling = False
-    window = window_ns = window_max = 0  # timed items (their time, the longest) this window
-    lcg = 12345  # the gaps' generator
-    stuck = after_failure = 0  # exceptions in a row with no item between; n after the last
-    mark = 0 if rec is not None else -1  # the number of the next item to time
-    t = clock()
-    next_flush = t + _FLUSH_NS
+    contexts = _contexts(planned, context)
+    skip = plan(planned.stages, contexts, _local(resume, planned.fused)) if resume else Plan()
+    extras, cuts = dict(skip.extras), dict(skip.cut)
+    routes = _routes(planned, context.epoch)
+    recs = record.stages if record is not None else [None] * len(routes)
+    waits = record.waits if record is not None else None
+    chain: list[Iterator[Any]] = []
     try:
-        while True:
-            try:
-                for item in it:
-                    if n == mark:  # asked for at t
-                        now = clock()
-                        span = now - t
-                        busy += span * gap
-                        if waits is not None:
-                            waits.append(span)
-                        window += 1
-                        window_ns += span
-                        window_max = max(window_max, span)
-                        if window == _WINDOW:  # sample the next window if these were fast
-                            sampling = (
-                                window_ns < _TIME_ALL_NS * _WINDOW and window_max < 8 * _TIME_ALL_NS
-                            )
-                            window = window_ns = window_max = 0
-                        if now >= next_flush:
-                            rec.busy_ns += busy
-                            rec.items += n + 1 - flushed
-                            busy, flushed, next_flush = 0, n + 1, now + _FLUSH_NS
-                            rec.sample(now)
-                        if sampling:
-                            lcg = (lcg * 1103515245 + 12345) & 0x7FFFFFFF
-                            gap = _GAP_MIN + (lcg >> 16) % _GAP_SPREAD
-                        mark = n + gap
-                    n += 1
-                    if bypassed:  # failures that went around this stage come first
-                        yield from _release(bypassed, stash)
-                    if divert is not None and item.__class__ is Failure:
-                        divert.append(item)
-                    else:
-                        yield item
-                    if n == mark:  # the next item is timed: from when it is asked for
-                        t = clock()
-                break
-            except Exception as e:
-                key = keys[0] if keys is not None else None
-                if type(key) is list:
-                    annotate(e, name, epoch, batch=key)
-                elif key is not None:
-                    annotate(e, name, epoch, index=key)
-                else:
-                    annotate(e, name, epoch, item=n)
-                indices = key if type(key) is list else [] if key is None else [key]
-                failure = Failure(e, indices)
-                stuck = stuck + 1 if n == after_failure else 1  # no item since the last one?
-                n += 1
-                after_failure = n
-                if stash is not None:
-                    stash.append(failure)
-                    if stuck == _STUCK:
-                        stash.append(_stuck(e, name, epoch))
-                        break
-                else:
-                    yield failure
-                if rec is not None:  # time the next item afresh
-                    gap, mark, t = 1, n, clock()
-        if bypassed:
-            yield from _release(bypassed, stash)
-        if n == mark:  # the end of the stream was asked for at t
-            busy += clock() - t
-    finally:
-        if rec is not None:
-            rec.busy_ns += busy
-            rec.items += n - flushed
-            rec.sample(clock())
+        it = _source(planned, context, skip, recs[0], resources)
+        if not planned.direct:
+            it = _wrap(it, routes[0], recs[0], waits if not planned.stages else None)
+        chain.append(it)
+        for i, stage in enumerate(planned.stages):
+            at = i + planned.fused  # the stage's position in the loader
+            here = _resumed(contexts[i], skip, i)
+            upstream = chain[-1]
+            keys = routes[i + 1].keys
+            if stage.dataset is not None and keys is not None:  # errors from here name them
+                upstream = remembering(upstream, keys)
+            kept = stage.new_record(here, extras.get(i))  # for state_dict()
+            if kept is not None:
+                progress.deliveries[at] = kept
+            hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))
+            it = stage.apply(upstream, here, hooks)
+            if i in cuts:
+                it = cut(it, cuts[i])
+            last = i == len(planned.stages) - 1
+            chain.append(_wrap(it, routes[i + 1], recs[i + 1], waits if last else None))
+    except Exception as e:
+        annotate(e, routes[len(chain)].name, context.epoch)
+        _close_all(chain)
+        raise
+    return _Pass(chain, progress, record)
 
 
-def _stuck(error: BaseException, name: str, epoch: int) -> Failure:
-    msg = (
-        f"stage {name!r} raised {_STUCK} times in a row without yielding an item, and the "
-        "next stage takes no failures: the pass ends here (is an iterator raising on every "
-        "next()?); the last error is the cause"
-    )
-    stuck = StageStuckError(msg)
-    stuck.__cause__ = error
-    annotate(stuck, name, epoch)
-    return Failure(stuck, [])
+def _source(
+    planned: PassPlan, context: Context, skip: Plan, rec: Any, resources: dict[int, Any]
+) -> Iterator[Any]:
+    """The source's iterator, started where a resumed pass starts."""
+    source = planned.source
+    start = skip.source_skip
+    first = replace(context, start=start if source.seekable() else 0)
+    if source.uses_hooks:  # a parallel source: its pool is kept by the loader
+        hooks = Hooks(rec, None, None, resources.setdefault(-1, {}))
+        it: Iterator[Any] = source.iterate(first, hooks)  # type: ignore[call-arg]
+    else:
+        it = source.iterate(first)
+    if start and not source.seekable():
+        it = cut(it, start)
+    if planned.direct and rec is not None:  # read unwatched: counted by what it has left
+        rec.count_by_remaining(it)
+    return it
 
 
-def _release(bypassed: deque[Failure], stash: deque[Failure] | None) -> Iterator[Failure]:
-    """The failures that went around a stage: on to the next stash, or out."""
-    while bypassed:
-        failure = bypassed.popleft()
-        if stash is not None:
-            stash.append(failure)
-        else:
-            yield failure
+def _wrap(it: Iterator[Any], route: Route, rec: Any, waits: Any) -> Iterator[Any]:
+    """*it* inside the wrappers the loader stacks around a stage: notes, then statistics."""
+    it = guarded(it, route)
+    return timed(it, rec, waits) if rec is not None else it
 
 
-def _remember(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:
-    for key in keys:
-        cell[0] = key
-        yield key
+def _routes(planned: PassPlan, epoch: int) -> list[Route]:
+    """Per node of the pass (the source, then each stage): its notes and failure routing.
+
+    Failures go around the stages that don't take them: set aside before the stage, out
+    before its next item (see :mod:`pipeflow._failure`).
+    """
+    stages = planned.stages
+    stashes = [None if s.failures == "pass" else deque[Failure]() for s in stages]
+    routes = [Route(planned.source.name, epoch, stash=stashes[0] if stages else None)]
+    keys: list[Any] | None = None  # after a dataset-reading stage: the key it read last
+    for i, s in enumerate(stages):
+        if s.dataset is not None:
+            keys = [None]
+        stash = stashes[i + 1] if i + 1 < len(stages) else None
+        divert = stash if s.failures != "bypass" else None  # can its items be failures?
+        routes.append(Route(s.name, epoch, keys, stashes[i], divert, stash))
+    return routes
+
+
+def _contexts(planned: PassPlan, context: Context) -> list[Context]:
+    """Each running stage's context in a pass from the start of the epoch."""
+    source, stages = planned.source, planned.stages
+    for s in source.stages if isinstance(source, Computed) else ():
+        context = s.context_after(context)  # a computed shard still numbers its outputs
+    n = source.length()
+    out = []
+    for i, s in enumerate(stages):
+        n = None if n is None else s.length(n)
+        ignoring = tuple(t for later in stages[i + 1 :] for t in later.drops_failures())
+        context = replace(context, total=n, ignoring=ignoring)
+        out.append(context)
+        context = replace(s.context_after(context), total=None)
+    return out
+
+
+def _resumed(context: Context, skip: Plan, i: int) -> Context:
+    """Stage *i*'s context in a resumed pass: what it skipped, where it starts."""
+    if not skip.offsets:
+        return context
+    return replace(context, offset=skip.offsets[i], start=dict(skip.start).get(i, 0))
+
+
+def _local(resume: dict[str, Any], fused: int) -> dict[str, Any]:
+    """*resume* with its stage records keyed by position among the running stages."""
+    records = resume.get("stages", {})
+    return {**resume, "stages": {k - fused: v for k, v in records.items()}}

@@ -28,6 +28,7 @@ __all__ = [
     "ITEM",
     "SHUFFLE",
     "WORKERS",
+    "DrawnSeed",
     "check_seed",
     "derive",
     "fresh_seed",
@@ -42,9 +43,36 @@ _MAX_SEED = 2**64 - 1
 SHUFFLE, BUFFER_SHUFFLE, WORKERS, ITEM = 1, 2, 3, 4
 
 
-def fresh_seed() -> int:
+class DrawnSeed(int):
+    """A seed pipeflow drew because none was given: an ``int`` whose repr says so.
+
+    A stage's repr then reads ``seed=None, drawn 1234...``: the run can be reproduced with
+    ``seed=1234...``, and a loader built with seeds prints the same text on every run.
+
+    Examples:
+        >>> DrawnSeed(42)
+        None, drawn 42
+        >>> DrawnSeed(42) == 42, DrawnSeed(42) + 1
+        (True, 43)
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"None, drawn {int(self)}"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self) if not spec else int(self).__format__(spec)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (DrawnSeed, (int(self),))
+
+
+def fresh_seed() -> DrawnSeed:
     """A new random seed, drawn once when a stage is built so that its repr reproduces it."""
-    return secrets.randbits(63)
+    return DrawnSeed(secrets.randbits(63))
 
 
 def check_seed(stage: str, seed: object) -> int:

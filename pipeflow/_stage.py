@@ -1,8 +1,9 @@
-"""Stages: generator functions bound to their configuration, composed with ``|``.
+"""The two protocols of a pipeline: :class:`Source`, where items enter, and :class:`Stage`.
 
 A :class:`Stage` is an immutable recipe. Calling :meth:`Stage.apply` on an upstream iterator
 returns a *fresh* iterator; nothing runs until that iterator is consumed. Two stages compose with
 ``|`` into a :class:`Stage` that holds the flat tuple of both, so composition is associative.
+A :class:`Source` makes a fresh iterator of one epoch's items for every pass.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from pipeflow._context import Context, Hooks
 from pipeflow.state import Resume
 
-__all__ = ["Pipe", "Stage"]
+__all__ = ["Pipe", "Source", "Stage"]
 
 In = TypeVar("In", contravariant=True)
 Out = TypeVar("Out", covariant=True)
@@ -182,6 +183,14 @@ class Stage(Generic[In, Out]):
             return Resume.replay()
         return Resume.below(k if rule == "same" else rule(k, **self._config))
 
+    def identity(self) -> list[str]:
+        """What a saved state compares to tell whether it comes from a pipeline like this
+        one (:meth:`pipeflow.Loader.load_state_dict`): the texts of the stages this stage
+        stands for, its repr by default. A stage whose runtime knobs do not change its
+        output (``parallel_map``'s worker count) leaves them out, so that a state moves
+        between runs that differ only in them."""
+        return [repr(self)]
+
     def context_after(self, context: Context) -> Context:
         """The context the next stage sees (this stage may publish ``facts`` for it)."""
         return context
@@ -194,6 +203,18 @@ class Stage(Generic[In, Out]):
     def drops_failures(self) -> tuple[type[BaseException], ...]:
         """The exception types whose failed items this stage drops (``ignore_errors``)."""
         return ()
+
+    def computed(self, upstream: Any) -> Any:
+        """This stage's output as the planning step computes it, when its input is *upstream*
+        (a description from :mod:`pipeflow._plan`, such as ``Positions``); ``None`` (the
+        default): the stage runs on its items. Only pipeflow's own index stages (``shuffle``,
+        ``shard``, ``batch``) compute."""
+        return None
+
+    #: Whether the stage takes its input in runs (a parallel stage): right after a source
+    #: whose iterator knows what it has left, it reads that iterator directly, unwatched,
+    #: and the source's row in ``stats()`` counts what it took (see :mod:`pipeflow._plan`).
+    reads_in_runs = False
 
     def without_torch(self) -> Stage[In, Out]:
         """This stage as a worker that has not imported torch should run it (the same one,
@@ -363,3 +384,41 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
         return False
     p = params.get(name)
     return p is not None and p.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+class Source(Generic[Out]):
+    """Where items enter a pipeline. Subclasses implement :meth:`iterate` and :meth:`length`."""
+
+    name: str = "source"
+    #: Whether :meth:`iterate` takes the loader's private hooks as a second argument (a
+    #: parallel source keeps its persistent pool there).
+    uses_hooks: bool = False
+
+    def iterate(self, context: Context) -> Iterator[Out]:
+        """Return a fresh iterator over this epoch's items.
+
+        A :meth:`seekable` source starts at item ``context.start`` (a resumed pass); the
+        others always start at the beginning.
+        """
+        raise NotImplementedError
+
+    def seekable(self) -> bool:
+        """Whether :meth:`iterate` starts at item ``context.start`` (a resumed pass skips
+        that many items for free); the others are skipped by reading them."""
+        return False
+
+    def computed(self) -> Any:
+        """The source's items as the planning step describes them (``indices(n)``:
+        ``Positions(n)``), or ``None`` (the default: they are only known by iterating)."""
+        return None
+
+    def length(self) -> int | None:
+        """The number of items per epoch, or ``None`` when it can't be known up front."""
+        return None
+
+    def describe(self) -> str:
+        """The source's repr inside a loader's repr."""
+        return f"{self.name}()"
+
+    def close(self) -> None:
+        """Release anything the source holds across epochs (nothing, for most sources)."""

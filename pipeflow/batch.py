@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow import _checks
-from pipeflow._context import Context
-from pipeflow._permutation import Permuted
+from pipeflow._plan import Batches, Positions
 from pipeflow._stage import Stage
 
 __all__ = ["batch", "unbatch"]
 
 T = TypeVar("T")
-
-_BLOCK = 65536  # positions cut into batches at a time
 
 
 def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
@@ -43,45 +40,23 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
     size = _checks.integer("batch", "size", size, low=1)
     _checks.boolean("batch", "drop_last", drop_last)
     config = {"size": size, "drop_last": drop_last}
-    return Stage(_batch, "batch", config, length=_batch_length, skip=_batch_skip)
+    return _Batch(_read, "batch", config, length=_batch_length, skip=_batch_skip)
 
 
-def _batch(
-    items: Iterable[T], size: int, drop_last: bool, *, context: Context
-) -> Iterator[list[Any]]:
-    """Lists of *size* items, as torch's BatchSampler yields.
+class _Batch(Stage[T, list[T]]):
+    """``batch``: over positions the planning step computes it (see :mod:`pipeflow._plan`)."""
 
-    When the input is known without reading it (the positions ``0 .. n - 1`` of ``indices``,
-    or a full shuffle's permutation of them: see :class:`~pipeflow.Context`), the batches are
-    cut from it in blocks, a list slice each: the stages above hand on nothing.
-    """
-    fact = context.facts.get("input")
-    if isinstance(fact, Permuted):  # the shuffle above starts where this pass does
-        blocks = map(_tolist, fact.permutation().blocks(context.offset))
-        return _cut(blocks, size, drop_last)
-    if context.positions is not None:
-        n = context.positions
-        return _cut((range(a, min(a + _BLOCK, n)) for a in range(0, n, _BLOCK)), size, drop_last)
-    return _read(items, size, drop_last)
+    __slots__ = ()
 
-
-def _cut(blocks: Iterable[Sequence[int]], size: int, drop_last: bool) -> Iterator[list[int]]:
-    rest: list[int] = []
-    for block in blocks:
-        xs = rest + list(block) if rest else list(block)
-        end = len(xs) - len(xs) % size
-        for i in range(0, end, size):
-            yield xs[i : i + size]
-        rest = xs[end:]
-    if rest and not drop_last:
-        yield rest
-
-
-def _tolist(block: Any) -> list[int]:
-    return block.tolist()  # type: ignore[no-any-return]
+    def computed(self, upstream: Any) -> Batches | None:
+        """Batches of positions, cut from the positions' own blocks."""
+        if not isinstance(upstream, Positions):
+            return None
+        return Batches(upstream, self._config["size"], self._config["drop_last"])
 
 
 def _read(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
+    """Lists of *size* items, as torch's BatchSampler yields."""
     # islice reads exactly one batch per next(): nothing is read ahead (toolz's partition_all
     # holds a whole batch back to find the last one).
     it = iter(items)

@@ -11,6 +11,7 @@ and ends with the loader's statistics table and its bottleneck.
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,66 +156,6 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def layout(pipeline: object, width: int = 100, indent: str = "  ") -> str:
-    """*pipeline*'s repr, one stage per line; a stage too long for *width* is opened up.
-
-    Examples:
-        >>> import pipeflow as pf
-        >>> print(layout(pf.indices(4) | pf.batch(2)))
-          indices(4)
-          | batch(size=2, drop_last=False)
-        >>> print(layout(pf.indices(4) | pf.batch(2) | pf.map(abs), width=20))
-          indices(4)
-          | batch(
-              size=2,
-              drop_last=False)
-          | map(fn=abs)
-    """
-    return "\n".join(_layout(repr(pipeline), width, indent))
-
-
-def _layout(text: str, width: int, indent: str) -> list[str]:
-    lines = []
-    for k, part in enumerate(_split(text, " | ")):
-        prefix = indent + ("| " if k else "")
-        if len(prefix) + len(part) <= width or not part.endswith(")") or "(" not in part:
-            lines.append(prefix + part)
-            continue
-        head, args = part.split("(", 1)
-        lines.append(f"{prefix}{head}(")
-        inner = indent + ("  " if k else "") + "  "
-        pieces = _split(args[:-1], ", ")
-        for j, piece in enumerate(pieces):
-            tail = "," if j < len(pieces) - 1 else ")"
-            sub = _layout(piece, width, inner)
-            sub[-1] += tail
-            lines.extend(sub)
-    return lines
-
-
-def _split(text: str, sep: str) -> list[str]:
-    """*text* cut at each *sep* that is outside brackets and quotes."""
-    parts, depth, quote, start, i = [], 0, "", 0, 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif depth == 0 and text.startswith(sep, i):
-            parts.append(text[start:i])
-            i += len(sep)
-            start = i
-            continue
-        i += 1
-    parts.append(text[start:])
-    return parts
-
-
 def run_demo(
     *,
     data_dir: str | None,
@@ -263,15 +204,17 @@ def run_demo(
         pf.indices(train)
         | pf.shuffle(seed=seed)
         | pf.batch(batch_size)
-        | pf.parallel_map(work, workers=workers, backend=backend, persistent=True)
+        | pf.parallel_map(work, workers=workers, backend=backend, persistent=True, seed=seed)
         | pf.progress(unit="batch", force=progress)
     )
     evaluate = (
         pf.indices(test)
         | pf.batch(256)
-        | pf.parallel_map(pf.fetch(test) | pf.collate(), workers=workers, backend=backend)
+        | pf.parallel_map(
+            pf.fetch(test) | pf.collate(), workers=workers, backend=backend, seed=seed
+        )
     )
-    print(f"pipeline, one stage per line:\n{layout(loader)}")
+    print(f"pipeline, one stage per line:\n{textwrap.indent(repr(loader), '  ')}")
     decoding = (
         f"{workers} {backend} worker{'s' if workers > 1 else ''}"
         if workers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -9,9 +10,8 @@ from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context
-from pipeflow._permutation import Permutation, Permuted
+from pipeflow._plan import Positions
 from pipeflow._stage import Stage
-from pipeflow.state import Resume
 from pipeflow.worker_info import get_worker_info, in_replica
 
 __all__ = ["rank_and_world_size", "shard"]
@@ -54,9 +54,10 @@ def shard(
     (``drop_last=True``). It streams: it holds at most ``world_size`` items, and works on
     endless streams too.
 
-    Right after ``indices(n)``, or after a full ``shuffle`` of them, it reads nothing: it
-    computes the indices at its own positions, so a rank's first index comes at once
-    whatever ``n``, and a resumed pass starts where it stopped. It tells the stages after it
+    Right after ``indices(n)``, or after a full ``shuffle`` of them, the loader computes the
+    indices at this rank's positions instead of reading the others (the planning step,
+    :mod:`pipeflow._plan`), so a rank's first index comes at once whatever ``n``, and a
+    resumed pass starts where it stopped. It tells the stages after it
     where its items lie in the epoch (``facts["shard"] == (rank, world_size)``: output ``j``
     is the epoch's item ``rank + j * world_size``), so :func:`~pipeflow.random_map` draws
     from the same generators for a sample whatever the world size.
@@ -92,16 +93,19 @@ def shard(
 
 
 class _Shard(Stage[T, T]):
-    """``shard``: it seeks over positions, and publishes how it numbers its outputs."""
+    """``shard``: over positions the planning step computes it; it publishes how it
+    numbers its outputs."""
 
     __slots__ = ()
 
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Over positions, seek (compute from output *k* on); else replay the consumed items:
-        the padding of the last round needs the epoch's first items."""
-        if context is not None and _positions(context) is not None:
-            return Resume.seek()
-        return Resume.replay()
+    def computed(self, upstream: Any) -> Positions | None:
+        """Over positions: this rank's share of them, resolved when each pass starts."""
+        if not isinstance(upstream, Positions):
+            return None
+        rank, world_size = self._config["rank"], self._config["world_size"]
+        return upstream.sharded(
+            functools.partial(_resolve, rank, world_size), self._config["drop_last"]
+        )
 
     def context_after(self, context: Context) -> Context:
         """Publish ``facts["shard"] = (first, step)``: output ``j`` of this stage is item
@@ -129,37 +133,14 @@ def _shard_length(n: int, rank: int | None, world_size: int | None, drop_last: b
     return n // w if drop_last else -(-n // w)
 
 
-def _positions(context: Context) -> tuple[int, Permutation | None] | None:
-    """``(n, permutation)`` when this stage's input is ``permutation(0..n-1)`` (``None``:
-    the identity), else ``None``."""
-    if context.positions is not None:
-        return context.positions, None
-    fact = context.facts.get("input")
-    if isinstance(fact, Permuted):
-        return fact.n, fact.permutation()
-    return None
-
-
 def _shard(
     items: Iterable[T],
     rank: int | None,
     world_size: int | None,
     drop_last: bool,
-    *,
-    context: Context,
 ) -> Iterator[Any]:
     r, w = _resolve(rank, world_size)
-    known = _positions(context)
-    if known is None:
-        return _stream(items, r, w, drop_last)
-    n, permutation = known
-    count = n // w if drop_last else -(-n // w)
-    first, stop = r + context.start * w, r + count * w  # positions past n wrap: the padding
-    if first >= stop:
-        return iter(())
-    if permutation is None:
-        return map(n.__rmod__, range(first, stop, w))
-    return permutation.stream(first, stop, w)
+    return _stream(items, r, w, drop_last)
 
 
 def _stream(items: Iterable[T], r: int, w: int, drop_last: bool) -> Iterator[T]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar, overload
 
 from pipeflow import _checks
 from pipeflow._chain import run
 from pipeflow._context import Context
-from pipeflow._stage import Stage
+from pipeflow._layout import layout
+from pipeflow._plan import PassPlan, plan
+from pipeflow._stage import Source, Stage
 from pipeflow.state import Progress, check, take
 from pipeflow.stats import LoaderRecord, Stats
 
@@ -18,38 +21,7 @@ __all__ = ["Context", "Loader", "Source"]
 T = TypeVar("T")
 Out = TypeVar("Out", covariant=True)
 
-
-class Source(Generic[Out]):
-    """Where items enter a pipeline. Subclasses implement :meth:`iterate` and :meth:`length`."""
-
-    name: str = "source"
-    #: Whether :meth:`iterate` takes the loader's private hooks as a second argument (a
-    #: parallel source keeps its persistent pool there).
-    uses_hooks: bool = False
-
-    def iterate(self, context: Context) -> Iterator[Out]:
-        """Return a fresh iterator over this epoch's items.
-
-        A source whose :meth:`positions` is not ``None`` starts at item ``context.start``
-        (a resumed pass); the others always start at the beginning.
-        """
-        raise NotImplementedError
-
-    def positions(self) -> int | None:
-        """``n`` when this source yields exactly ``0, 1, ..., n - 1`` (and can start
-        anywhere in them, cheaply); ``None`` for other sources."""
-        return None
-
-    def length(self) -> int | None:
-        """The number of items per epoch, or ``None`` when it can't be known up front."""
-        return None
-
-    def describe(self) -> str:
-        """The source's repr inside a loader's repr."""
-        return f"{self.name}()"
-
-    def close(self) -> None:
-        """Release anything the source holds across epochs (nothing, for most sources)."""
+_WIDTH = 88  # a stage's line in a loader's repr longer than this is opened up
 
 
 class Loader(Generic[Out]):
@@ -63,7 +35,9 @@ class Loader(Generic[Out]):
         >>> import pipeflow as pf
         >>> loader = pf.indices(5) | pf.batch(2)
         >>> loader
-        indices(5) | batch(size=2, drop_last=False)
+        indices(5)
+        | batch(size=2, drop_last=False)
+        # computed as one source: indices → batch
         >>> len(loader)
         3
         >>> list(loader)
@@ -82,6 +56,7 @@ class Loader(Generic[Out]):
         "_epoch",
         "_next",
         "_next_epoch",
+        "_plan",
         "_progress",
         "_record",
         "_recording",
@@ -102,6 +77,7 @@ class Loader(Generic[Out]):
         self._progress: Progress | None = None
         self._record: LoaderRecord | None = None
         self._recording = True
+        self._plan: PassPlan | None = None
         self._active: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
         # What stages keep across passes (persistent worker pools), by stage position: they
         # belong to this loader's runs, not to the stages, which stay immutable recipes.
@@ -128,8 +104,31 @@ class Loader(Generic[Out]):
             return Loader(self._source, (*self._stages, *other.stages))
         return NotImplemented
 
+    def plan(self) -> PassPlan:
+        """What this loader's passes run: the planning step's answer (:mod:`pipeflow._plan`).
+
+        The longest prefix of the pipeline that can be computed instead of run (``indices``,
+        a full ``shuffle``, ``shard``, ``batch``) becomes one source; ``str()`` of the plan
+        lists what runs.
+
+        Examples:
+            >>> import pipeflow as pf
+            >>> loader = pf.indices(10) | pf.shuffle(seed=0) | pf.batch(4) | pf.map(len)
+            >>> print(loader.plan())
+            source: indices(10) → shuffle(seed=0) → batch(size=4, drop_last=False)
+            stage: map(fn=len)
+            (2 of the loader's stages computed by the source)
+            >>> loader.plan().names()
+            ['indices → shuffle → batch (computed)', 'map']
+        """
+        if self._plan is None:
+            self._plan = plan(self._source, self._stages)
+        return self._plan
+
     def __repr__(self) -> str:
-        return " | ".join([self._source.describe(), *(repr(s) for s in self._stages)])
+        text = layout([self._source.describe(), *(repr(s) for s in self._stages)], _WIDTH)
+        note = self.plan().note()
+        return f"{text}\n# {note}" if note else text
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Loader, (self._source, self._stages))
@@ -180,19 +179,9 @@ class Loader(Generic[Out]):
         if self._progress is not None:
             self._progress.superseded = True
         self._progress = progress
-        if self._record is None:
-            self._record = LoaderRecord([self._source.name, *(s.name for s in self._stages)])
-        record = self._record if self._recording else None
-        it = run(
-            self._source,
-            self._stages,
-            epoch=epoch,
-            base_seed=base_seed,
-            resume=resume,
-            progress=progress,
-            record=record,
-            resources=self._resources,
-        )
+        record = self._stats_record() if self._recording else None
+        context = Context(epoch, base_seed=base_seed)
+        it = run(self.plan(), context, resume, progress, record, self._resources)
         self._active.add(it)
         return it
 
@@ -206,9 +195,13 @@ class Loader(Generic[Out]):
         """
         from pipeflow.stats import summarize
 
+        return summarize(self._stats_record())
+
+    def _stats_record(self) -> LoaderRecord:
+        """Where the passes record statistics: one row per node of the plan."""
         if self._record is None:
-            self._record = LoaderRecord([self._source.name, *(s.name for s in self._stages)])
-        return summarize(self._record)
+            self._record = LoaderRecord(self.plan().names())
+        return self._record
 
     def reset_stats(self) -> None:
         """Start the statistics afresh (say, after a warm-up epoch)."""
@@ -254,7 +247,21 @@ class Loader(Generic[Out]):
         except TypeError:
             return None
 
+    @property
+    def pass_epoch(self) -> int | None:
+        """The epoch of the pass in progress: started, not run to its end, and not
+        superseded (by :meth:`set_epoch`, :meth:`load_state_dict` or a newer pass); ``None``
+        between passes."""
+        p = self._progress
+        return None if p is None or p.done or p.superseded else p.epoch
+
     # -- resources --------------------------------------------------------------------------
+    @property
+    def resources(self) -> Mapping[int, Mapping[Any, Any]]:
+        """What the stages keep across passes (persistent worker pools), by stage position
+        (``-1``: the source), as a live read-only view; :meth:`close` releases it."""
+        return MappingProxyType(self._resources)
+
     def close(self) -> None:
         """Stop every pass in progress and release what the stages hold."""
         for it in list(self._active):

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context
-from pipeflow._permutation import Permutation, Permuted
+from pipeflow._permutation import Permutation
+from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
 from pipeflow.state import Resume
@@ -26,9 +25,10 @@ def shuffle(
     """Shuffle the items of every epoch, reproducibly from ``(seed, epoch)``.
 
     Without *buffer_size* the stage yields a random permutation of the whole (finite) epoch:
-    put it right after an index source. Over ``indices(n)`` it computes the index at each
-    position on its own, in constant memory (a ``shard`` after it computes only its share);
-    over other items it reads the epoch first, then yields it in the same order.
+    put it right after an index source. Over ``indices(n)`` the loader computes the index at
+    each position instead (the planning step, :mod:`pipeflow._plan`), in constant memory (a
+    ``shard`` after it computes only its share); over other items it reads the epoch first,
+    then yields it in that order.
     With *buffer_size* it keeps at most that many items and yields a random one of them for
     every item read — the bounded-memory shuffle for streams; its randomness is local.
 
@@ -80,53 +80,40 @@ def shuffle(
 
 
 class _FullShuffle(Stage[T, T]):
-    """A full shuffle: it starts anywhere in its epoch, and over positions it tells the next
-    stage which permutation of them it yields (so a ``shard`` computes its own share)."""
+    """A full shuffle: it starts anywhere in its epoch; over positions the planning step
+    computes it (see :mod:`pipeflow._plan`)."""
 
     __slots__ = ()
 
     def resumption(self, k: int, context: Context | None) -> Resume:
-        """Seek: the permutation (drawn, or computed per position) starts at output *k*."""
+        """Seek: the permutation starts at output *k*."""
         return Resume.seek()
 
-    def context_after(self, context: Context) -> Context:
-        """Over positions, publish ``facts["input"]``: the next stage reads this permutation."""
-        if context.positions is None or self._config.get("generator") == "torch":
-            return context
-        fact = Permuted(context.positions, self._config["seed"], context.epoch)
-        return replace(context, facts={**context.facts, "input": fact})
+    def computed(self, upstream: Any) -> Positions | None:
+        """Over positions: the same positions, permuted from ``(seed, epoch)``."""
+        if not isinstance(upstream, Positions):
+            return None
+        return upstream.shuffled(self._config["seed"], self._config.get("generator", "numpy"))
 
 
 def _permute(items: Iterable[T], seed: int, *, context: Context) -> Iterator[T]:
-    # Nothing is computed at iter(), as every stage reads nothing before it is asked (the
-    # generator inside the chain starts at the first next()); then the items flow at C speed.
-    return itertools.chain.from_iterable(_draw(items, seed, context))
-
-
-def _draw(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[Any]]:
-    if context.positions is not None:  # the items are 0..n-1: compute them, read nothing
-        yield Permutation(context.positions, seed, context.epoch).stream(context.start)
-        return
+    """The epoch's items, read first, then yielded in a permutation from ``(seed, epoch)``."""
     pool = list(items)
     order = Permutation(len(pool), seed, context.epoch).stream(context.start)
-    yield map(pool.__getitem__, order)
+    yield from map(pool.__getitem__, order)
 
 
 def _permute_torch(
     items: Iterable[T], seed: int, generator: str, *, context: Context
 ) -> Iterator[T]:
-    return itertools.chain.from_iterable(_draw_torch(items, seed, context))
-
-
-def _draw_torch(items: Iterable[T], seed: int, context: Context) -> Iterator[Iterable[Any]]:
+    """As :func:`_permute`, in ``torch.randperm``'s order (``DistributedSampler``'s draw)."""
     import torch
 
-    pool = list(items) if context.positions is None else None  # positions: the order is all
+    pool = list(items)
     g = torch.Generator()
-    g.manual_seed(seed + context.epoch)  # DistributedSampler's draw
-    n = len(pool) if pool is not None else context.positions or 0
-    tail = torch.randperm(n, generator=g)[context.start :].tolist()
-    yield tail if pool is None else map(pool.__getitem__, tail)
+    g.manual_seed(seed + context.epoch)
+    tail = torch.randperm(len(pool), generator=g)[context.start :].tolist()
+    yield from map(pool.__getitem__, tail)
 
 
 def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:

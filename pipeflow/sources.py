@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context
-from pipeflow._stage import _short
+from pipeflow._plan import Positions
+from pipeflow._stage import Source, _short
 from pipeflow.errors import PipeflowError
-from pipeflow.loader import Loader, Source
+from pipeflow.loader import Loader
 
 __all__ = ["from_iterable", "from_sampler", "indices"]
 
@@ -27,10 +28,13 @@ class _Indices(Source[int]):
         self.n = n
 
     def iterate(self, context: Context) -> Iterator[int]:
-        return iter(range(context.start, self.n))
+        return iter(range(min(context.start, self.n), self.n))
 
-    def positions(self) -> int:
-        return self.n
+    def seekable(self) -> bool:
+        return True
+
+    def computed(self) -> Positions:
+        return Positions(self.n)
 
     def length(self) -> int:
         return self.n

@@ -1,7 +1,7 @@
 """See inside a loader: per-stage counts and times, the consumer's wait, and the bottleneck.
 
 Every loader records these as it runs: every item is counted; slow items (batches) are all
-timed, and of fast ones (indices) about one in 64 (see :func:`pipeflow._chain._watch`), so the
+timed, and of fast ones (indices) about one in 64 (see :func:`pipeflow._wrappers.timed`), so the
 cost is nothing measurable. ``loader.stats()`` returns a :class:`Stats`: plain data, whose
 ``str()`` is a table that names the bottleneck and what to try.
 
@@ -39,6 +39,7 @@ class StageRecord:
         "max_in_flight",
         "name",
         "series",
+        "taken",
         "task_ns",
         "task_total_ns",
         "workers",
@@ -60,6 +61,24 @@ class StageRecord:
         # ignore_errors only: items dropped, and the sample indices they stood for
         self.ignored = 0
         self.ignored_indices: list[Any] = []
+        # a source read unwatched (pipeflow._plan's direct link): its iterator, and its
+        # length when it was registered
+        self.taken: tuple[Any, int] | None = None
+
+    def count_by_remaining(self, it: Any) -> None:
+        """Count this source's items by what *it* (an iterator with an exact
+        ``__length_hint__``: a ``range``'s) has left, since the stage after it reads it
+        directly; an earlier pass's iterator is counted in for good."""
+        self.items = self.counted()
+        self.taken = (it, it.__length_hint__())
+
+    def counted(self) -> int:
+        """The items this stage handed on so far."""
+        if self.taken is None:
+            return self.items
+        it, start = self.taken
+        left: int = it.__length_hint__()
+        return self.items + start - left
 
     def sample(self, now: int) -> None:
         if now - self.last_sample >= _SAMPLE_NS:
@@ -282,11 +301,11 @@ def summarize(record: LoaderRecord) -> Stats:
         stages.append(
             StageStats(
                 name=rec.name,
-                items=rec.items,
+                items=rec.counted(),
                 seconds=rec.busy_ns / 1e9,
                 own_seconds=own / 1e9,
                 wait_seconds=wait / 1e9,
-                items_per_second=rec.items / wall if wall else 0.0,
+                items_per_second=rec.counted() / wall if wall else 0.0,
                 workers=rec.workers if parallel else None,
                 worker_busy=(
                     min(rec.task_total_ns / (rec.workers * active), 1.0) if parallel else None

@@ -26,6 +26,7 @@ class ParallelMap(Stage[T, U]):
     """The stage :func:`parallel_map` returns."""
 
     __slots__ = ()
+    reads_in_runs = True  # it takes its items as many at a time as there is room for
 
     def __init__(self, fn: Any, config: Settings) -> None:
         config_ = {"fn": fn, "settings": config}

@@ -1,0 +1,216 @@
+"""What the loader stacks around each stage's iterator in a pass: one wrapper per concern.
+
+The runner (:mod:`pipeflow._chain`) is a loop, ``it = stage.apply(it, context)``; around each
+stage's iterator it stacks, innermost first:
+
+- :func:`guarded` — error notes and failure routing: an exception from the stage gets a note
+  naming the stage (and the sample indices, after a ``fetch``) and goes on as a
+  :class:`~pipeflow._failure.Failure` in the item's place; failures that the next stage does
+  not take go around it (see :class:`Route`).
+- :func:`timed` — statistics: counts every item, times a sample of them (only when the
+  loader records statistics).
+- :func:`cut` — resumption: drops the outputs a resumed pass replayed (only on such a pass).
+
+and :func:`remembering` after a dataset-reading stage's input, so that errors name the keys.
+Each can be read, named and removed alone; a stack of them costs a generator step each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeflow._failure import Failure
+from pipeflow.errors import StageStuckError, annotate
+
+__all__ = ["Route", "cut", "guarded", "remembering", "timed"]
+
+#: A fast stream has one item in about 64 timed, at irregular gaps (33 to 96 items, from a
+#: small generator) so that a periodic cost is not always hit or always missed.
+_GAP_MIN, _GAP_SPREAD = 33, 63
+#: Items are timed in windows of this many timed items; the first window times every item.
+_WINDOW = 256
+#: A window whose items took less than this on average, none more than 8 times it, is
+#: followed by a sampled one (two clock reads per item would then be a cost worth saving);
+#: otherwise every item is timed: slow items, and fast ones with a heavy one among them
+#: (a file read every 64 items), whose cost a sample would catch only by chance.
+_TIME_ALL_NS = 20_000
+#: The statistics wrapper writes what it counted into the shared record this often.
+_FLUSH_NS = 50_000_000
+#: A stage whose exceptions wait in a stash (the next stage does not take failures) is asked
+#: again at once; after this many in a row with no item, it is taken for stuck (an iterator
+#: that raises on every next()) and its stream ends with a StageStuckError.
+_STUCK = 1000
+
+
+@dataclass
+class Route:
+    """Where failures go around one stage (see :mod:`pipeflow._failure`).
+
+    Attributes:
+        name: the stage's name, for notes.
+        epoch: the pass's epoch, for notes.
+        keys: after a dataset-reading stage, a one-item list holding the key it read last
+            (the note names those sample indices); ``None`` elsewhere.
+        bypassed: failures that went around this stage: out before its next item.
+        divert: where this stage's failed items go instead of into the next stage (that
+            stage's stash), or ``None`` when they go on (or the stage never yields any).
+        stash: where this stage's own exceptions go when the next stage takes no
+            failures; ``None``: they go on as items.
+    """
+
+    name: str
+    epoch: int
+    keys: list[Any] | None = None
+    bypassed: deque[Failure] | None = None
+    divert: deque[Failure] | None = None
+    stash: deque[Failure] | None = field(default=None)
+
+
+def guarded(it: Iterator[Any], route: Route) -> Iterator[Any]:
+    """Pass a stage's items on; turn its exceptions into failures, routed by *route*.
+
+    After an exception the stage is asked for its next item (a ``map`` goes on; a generator
+    that raised is finished and ends the stream).
+    """
+    bypassed, divert, stash = route.bypassed, route.divert, route.stash
+    n = 0  # items handed on (a failure is one)
+    stuck = after_failure = 0  # exceptions in a row with no item between; n after the last
+    while True:
+        try:
+            for item in it:
+                n += 1
+                if bypassed:  # failures that went around this stage come first
+                    yield from _release(bypassed, stash)
+                if divert is not None and item.__class__ is Failure:
+                    divert.append(item)
+                else:
+                    yield item
+            break
+        except Exception as e:
+            failure = _failure(e, route, n)
+            stuck = stuck + 1 if n == after_failure else 1  # no item since the last one?
+            n = after_failure = n + 1
+            if stash is None:
+                yield failure
+                continue
+            stash.append(failure)
+            if stuck == _STUCK:
+                stash.append(_stuck(e, route))
+                break
+    if bypassed:
+        yield from _release(bypassed, stash)
+
+
+def _failure(error: Exception, route: Route, n: int) -> Failure:
+    """*error* as a failure, with a note naming the stage and what it was working on."""
+    key = route.keys[0] if route.keys is not None else None
+    if type(key) is list:
+        annotate(error, route.name, route.epoch, batch=key)
+    elif key is not None:
+        annotate(error, route.name, route.epoch, index=key)
+    else:
+        annotate(error, route.name, route.epoch, item=n)
+    return Failure(error, key if type(key) is list else [] if key is None else [key])
+
+
+def _stuck(error: BaseException, route: Route) -> Failure:
+    msg = (
+        f"stage {route.name!r} raised {_STUCK} times in a row without yielding an item, and "
+        "the next stage takes no failures: the pass ends here (is an iterator raising on "
+        "every next()?); the last error is the cause"
+    )
+    stuck = StageStuckError(msg)
+    stuck.__cause__ = error
+    annotate(stuck, route.name, route.epoch)
+    return Failure(stuck, [])
+
+
+def _release(bypassed: deque[Failure], stash: deque[Failure] | None) -> Iterator[Failure]:
+    """The failures that went around a stage: on to the next stash, or out."""
+    while bypassed:
+        failure = bypassed.popleft()
+        if stash is not None:
+            stash.append(failure)
+        else:
+            yield failure
+
+
+def timed(it: Iterator[Any], rec: Any, waits: deque[int] | None = None) -> Iterator[Any]:
+    """Pass items on, counting them into *rec* and timing a sample (see ``_TIME_ALL_NS``).
+
+    An item's time runs from the moment the stage below asks for it until it is handed over.
+    Items are timed in windows of ``_WINDOW`` timed items: the first window times every item;
+    after a window of fast ones, about one item in 64 is timed, standing for the items since
+    the last one timed. So slow items (batches) are all timed, and fast ones (indices) cost
+    a count and a test each. *waits* (the last stage's) keeps each timed span.
+    """
+    clock = time.perf_counter_ns
+    n = mark = flushed = busy = 0  # items; the next to time; items and ns not yet written
+    gap, lcg, window = 1, 12345, _Window()
+    t = clock()
+    next_flush = t + _FLUSH_NS
+    try:
+        for item in it:
+            if n == mark:  # asked for at t
+                now = clock()
+                span = now - t
+                busy += span * gap
+                if waits is not None:
+                    waits.append(span)
+                if now >= next_flush:
+                    rec.busy_ns += busy
+                    rec.items += n + 1 - flushed
+                    busy, flushed, next_flush = 0, n + 1, now + _FLUSH_NS
+                    rec.sample(now)
+                if window.add(span):
+                    lcg = (lcg * 1103515245 + 12345) & 0x7FFFFFFF
+                    gap = _GAP_MIN + (lcg >> 16) % _GAP_SPREAD
+                mark = n + gap
+            n += 1
+            yield item
+            if n == mark:  # the next item is timed: from when it is asked for
+                t = clock()
+        if n == mark:  # the end of the stream was asked for at t
+            busy += clock() - t
+    finally:
+        rec.busy_ns += busy
+        rec.items += n - flushed
+        rec.sample(clock())
+
+
+class _Window:
+    """The timed items of the current window: whether the next ones may be sampled."""
+
+    __slots__ = ("count", "longest", "sampling", "total")
+
+    def __init__(self) -> None:
+        self.count = self.total = self.longest = 0
+        self.sampling = False
+
+    def add(self, span: int) -> bool:
+        """Count one timed item; whether items are now sampled (else all are timed)."""
+        self.count += 1
+        self.total += span
+        self.longest = max(self.longest, span)
+        if self.count == _WINDOW:  # sample the next window if these were fast
+            fast = self.total < _TIME_ALL_NS * _WINDOW and self.longest < 8 * _TIME_ALL_NS
+            self.sampling = fast
+            self.count = self.total = self.longest = 0
+        return self.sampling
+
+
+def cut(it: Iterator[Any], k: int) -> Iterator[Any]:
+    """Drop the first *k* items: what a resumed pass replayed through a stage."""
+    return itertools.islice(it, k, None)
+
+
+def remembering(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:
+    """Pass keys on, keeping the last one in *cell* (a dataset-reading stage's input)."""
+    for key in keys:
+        cell[0] = key
+        yield key
