@@ -30,17 +30,16 @@ class Context:
             from here, so the numbers do not depend on where the pass started.
         start: for a stage that skips its own outputs when a pass resumes (see
             :meth:`pipeflow.Stage.resumption`), how many it must skip; 0 otherwise.
-        positions: ``n`` when this stage's input is exactly ``0, 1, ..., n - 1`` (the
-            positions of ``indices(n)``, nothing skipped or reordered above): the stage may
-            then compute what it needs from positions without reading its upstream.
         total: how many items this stage yields per epoch, when that is known.
         base_seed: the workers' base seed for this pass when the caller chose one (the
             DataLoader facade draws it from its ``generator``, as torch does), or a function
             that returns it; ``None`` lets parallel stages derive one from their own seed.
         facts: read-only facts that stages above this one published for those below
-            (:meth:`pipeflow.Stage.context_after`), such as how a shard numbers its items.
-            ``facts["input"]`` describes this stage's input alone: the loader drops it
-            after one stage, unless that stage publishes it anew.
+            (:meth:`pipeflow.Stage.context_after`): ``facts["shard"] == (first, step)`` when
+            a ``shard`` above numbers this stage's item ``j`` as the epoch's item
+            ``first + j * step`` (``random_map`` keys its draws by it). No stage computes
+            from what another published: what can be computed without running is the
+            planning step's (:mod:`pipeflow._plan`).
         ignoring: the exception types a later ``ignore_errors`` drops: a stage that can
             drop a part of an item (``fetch``: one failed sample of a batch) drops only that
             part, and marks it as dropped.
@@ -49,7 +48,6 @@ class Context:
     epoch: int
     offset: int = 0
     start: int = 0
-    positions: int | None = None
     total: int | None = None
     base_seed: int | Callable[[], int] | None = None
     facts: Mapping[str, Any] = field(default_factory=lambda: _NO_FACTS)

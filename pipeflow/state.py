@@ -151,7 +151,7 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
     """The skip plan for a pass that resumes at ``resume["position"]`` (and its stages).
 
     *contexts* are the stages' contexts as the pass would give them without resuming (a
-    stage's answer may depend on them: a shuffle over positions seeks, over items replays).
+    stage's answer may depend on them).
     """
     n = len(stages)
     records = resume.get("stages", {})

@@ -38,13 +38,17 @@ pytestmark = pytest.mark.filterwarnings("ignore:pin_memory. no accelerator is av
 
 #: Exported names that are not stage or loader factories: classes, errors, functions on data.
 NOT_FACTORIES = {
+    "Context",  # what a pass tells a stage: tests/test_plan.py, tests/test_core.py
     "DataLoader",  # the torch facade: tests/test_dataloader*.py
     "ErrorBudgetExceeded",
     "set_warm_start",  # a switch, not a factory: tests/test_warm_start.py
     "Loader",  # built by the sources below and by `|`
     "PipeflowError",
     "SharedList",
+    "Source",  # the protocol the sources implement: every source case below is one
+    "StageStats",  # what stats() returns: tests/test_stats.py
     "StageStuckError",
+    "Stats",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",

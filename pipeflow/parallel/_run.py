@@ -51,10 +51,6 @@ def run_parallel(
     if stats is not None and config.workers:
         stats.workers, stats.max_in_flight = config.workers, config.in_flight
     skip = hooks.resume or frozenset()
-    if upstream is not None and context.positions is not None and not context.offset:
-        # The input is exactly 0 .. n-1 (indices(n), nothing above skipped or reordered): made
-        # here, not read through the stages above (their stats then show no items).
-        upstream = range(context.positions)
     items = None if upstream is None else numbered(upstream, context.offset, skip)
     if config.workers == 0:  # in the calling thread: the reference the parallel runs equal
         yield from recording(_inline(job, items, context.epoch, context.offset, note), order)

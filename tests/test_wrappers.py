@@ -1,0 +1,95 @@
+"""The wrappers the runner stacks around each stage (``pipeflow/_wrappers.py``), each alone."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from pipeflow._failure import Failure
+from pipeflow._wrappers import Route, cut, guarded, remembering, timed
+from pipeflow.errors import StageStuckError
+from pipeflow.stats import StageRecord
+
+
+def _raising_at(items: list[int], bad: set[int]) -> Iterator[int]:
+    """A map-like iterator (not a generator: it goes on after raising)."""
+    it = iter(items)
+
+    class _It:
+        def __iter__(self) -> _It:
+            return self
+
+        def __next__(self) -> int:
+            x = next(it)
+            if x in bad:
+                raise ValueError(f"bad {x}")
+            return x
+
+    return _It()
+
+
+def test_guarded_turns_an_exception_into_a_failure_in_the_items_place() -> None:
+    out = list(guarded(_raising_at([0, 1, 2, 3], {2}), Route("m", 5)))
+    assert out[:2] == [0, 1] and out[3] == 3
+    failure = out[2]
+    assert isinstance(failure, Failure) and isinstance(failure.error, ValueError)
+    assert failure.error.__notes__ == ["pipeflow: stage 'm' failed on item 2 (epoch 5)"]
+
+
+def test_guarded_names_the_keys_a_dataset_stage_read() -> None:
+    keys: list[Any] = [None]
+    source = remembering(iter([10, 11, 12]), keys)
+
+    def fetch(ks: Iterator[int]) -> Iterator[int]:
+        for k in ks:
+            if k == 11:
+                raise KeyError(k)
+            yield k
+
+    out = list(guarded(fetch(source), Route("fetch", 0, keys)))
+    assert out[0] == 10 and isinstance(out[1], Failure)
+    assert out[1].indices == (11,)
+    assert "sample index 11" in out[1].error.__notes__[0]
+
+
+def test_guarded_routes_failures_around_a_stage_that_takes_none() -> None:
+    stash: deque[Failure] = deque()
+    first = list(guarded(_raising_at([0, 1, 2], {1}), Route("a", 0, stash=stash)))
+    assert first == [0, 2] and len(stash) == 1  # set aside, not handed to the next stage
+    # ...and out before the next stage's next item
+    second = list(guarded(iter(["x", "y"]), Route("b", 0, bypassed=stash)))
+    assert second[1:] == ["x", "y"] and isinstance(second[0], Failure) and not stash
+
+
+def test_guarded_ends_a_stream_that_raises_on_every_next() -> None:
+    class Broken:
+        def __iter__(self) -> Broken:
+            return self
+
+        def __next__(self) -> int:
+            raise OSError("gone")
+
+    stash: deque[Failure] = deque()
+    assert list(guarded(Broken(), Route("src", 0, stash=stash))) == []
+    assert isinstance(stash[-1].error, StageStuckError)
+    assert len(stash) == 1001
+
+
+def test_timed_counts_every_item_and_leaves_them_as_they_are() -> None:
+    rec = StageRecord("s")
+    assert list(timed(iter(range(5000)), rec)) == list(range(5000))
+    assert rec.items == 5000 and rec.busy_ns > 0
+
+
+def test_timed_counts_what_an_early_close_left() -> None:
+    rec = StageRecord("s")
+    it = timed(iter(range(100)), rec)
+    for _ in range(7):
+        next(it)
+    it.close()
+    assert rec.items == 7
+
+
+def test_cut_drops_what_a_resumed_pass_replayed() -> None:
+    assert list(cut(iter(range(6)), 4)) == [4, 5]
