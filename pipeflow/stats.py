@@ -235,11 +235,26 @@ class Stats:
 
 
 def ignored_text(stage: StageStats) -> str:
-    """``2 (sample indices 3, 8)``: how many items a stage dropped, and which."""
+    """``2 (sample indices 3, 8)``: how many items a stage dropped, and which.
+
+    The list ends with ``...`` when it is not all of them: more than 16 indices were kept, or
+    more items were dropped than indices kept (items without an index, or past the 1,000
+    kept).
+
+    Examples:
+        >>> ignored_text(StageStats("ignore_errors", 5, 0.0, 0.0, 0.0, 0.0, ignored_errors=2,
+        ...                         ignored_indices=[3, 8]))
+        '2 (sample indices 3, 8)'
+        >>> ignored_text(StageStats("ignore_errors", 5, 0.0, 0.0, 0.0, 0.0, ignored_errors=3,
+        ...                         ignored_indices=[3, 8]))
+        '3 (sample indices 3, 8, ...)'
+    """
     shown = stage.ignored_indices[:16]
-    more = ", ..." if len(stage.ignored_indices) > 16 else ""
-    listed = f" (sample indices {', '.join(map(str, shown))}{more})" if shown else ""
-    return f"{stage.ignored_errors}{listed}"
+    if not shown:
+        return str(stage.ignored_errors)
+    more = len(stage.ignored_indices) > len(shown) or stage.ignored_errors > len(shown)
+    listed = ", ".join(map(str, shown)) + (", ..." if more else "")
+    return f"{stage.ignored_errors} (sample indices {listed})"
 
 
 def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:
