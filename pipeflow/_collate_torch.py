@@ -16,7 +16,7 @@ different in speed, in two messages, and in one case that torch refuses:
 - Arrays with negative strides (``a[::-1]``) are collated; torch raises ``ValueError`` for
   them when they take its route, because it cannot view them without a copy.
 
-torch is imported on the first call, not at import.
+torch is imported on the first call, not when this module is imported.
 """
 
 from __future__ import annotations
