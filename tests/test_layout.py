@@ -189,6 +189,13 @@ class Box:
 
 
 def test_no_function_is_over_50_lines_of_code() -> None:
+    """No function or method of the package outside ``__main__`` and ``demo`` has more than 50
+    lines of code, bar the ones in ``PENDING``.
+
+    Lines of code: from the ``def`` line (decorators left out) to the last, the lines holding a
+    code token, so not blank lines, comments or docstrings; a nested function's lines count in
+    its parent too (see :func:`function_lengths`).
+    """
     long = long_functions()
     assert {name: n for name, n in long.items() if name not in PENDING} == {}
     assert set(long) >= PENDING, (
