@@ -14,8 +14,9 @@ different in speed, in two messages, and in one case that torch refuses:
   positions and shapes of the items that differ; sequences of different lengths raise torch's
   ``RuntimeError`` and message, followed by the positions and lengths.
 - Arrays with negative strides (``a[::-1]``) are collated; torch raises ``ValueError`` for
-  them when they take its route, because it cannot view them without a copy. torch is
-  imported on the first call, not at import.
+  them when they take its route, because it cannot view them without a copy.
+
+torch is imported on the first call, not when this module is imported.
 """
 
 from __future__ import annotations

@@ -78,6 +78,36 @@ def _make_factory(
     length: LengthRule,
     positional: bool = False,
 ) -> Callable[..., Stage[Any, Any]]:
+    sig = _generator_signature(fn)
+    _check_options(name, length, positional)
+    stage_name = name or fn.__name__
+    _upstream, *config = sig.parameters.values()
+    config_sig = sig.replace(parameters=[p for p in config if p.name not in ("epoch", "context")])
+
+    @functools.wraps(fn)
+    def factory(*args: Any, **kwargs: Any) -> Stage[Any, Any]:
+        if "epoch" in kwargs and _takes_keyword(fn, "epoch"):
+            msg = f"stage {stage_name!r}: 'epoch' is supplied by the loader; use set_epoch()"
+            raise TypeError(msg)
+        try:
+            bound = config_sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"stage {stage_name!r}: {e}") from None
+        bound.apply_defaults()
+        # The stage pickles as "call this factory again": the factory has the function's
+        # name in its module, so pickle finds it by reference.
+        skip: LengthRule = "same" if positional else None
+        return Stage(fn, stage_name, _flatten(bound), length=length, skip=skip, factory=factory)
+
+    return factory
+
+
+def _generator_signature(fn: Any) -> inspect.Signature:
+    """*fn*'s signature, once it is known to be a (sync) function taking the upstream first.
+
+    Raises:
+        TypeError: if it is not callable, is async, or takes no positional first parameter.
+    """
     if not callable(fn):
         msg = f"@stage needs a generator function (got {type(fn).__name__})"
         raise TypeError(msg)
@@ -99,6 +129,11 @@ def _make_factory(
             "positional parameter"
         )
         raise TypeError(msg)
+    return sig
+
+
+def _check_options(name: str | None, length: LengthRule, positional: bool) -> None:
+    """Refuse a *name*, *length* or *positional* of the wrong type."""
     if name is not None and not isinstance(name, str):
         msg = f"@stage: name must be a string or None (got {name!r})"
         raise TypeError(msg)
@@ -106,27 +141,6 @@ def _make_factory(
     if length is not None and length != "same" and not callable(length):
         msg = f"@stage: length must be 'same', a function or None (got {length!r})"
         raise TypeError(msg)
-    stage_name = name or fn.__name__
-    config_sig = sig.replace(
-        parameters=[p for p in params[1:] if p.name not in ("epoch", "context")]
-    )
-
-    @functools.wraps(fn)
-    def factory(*args: Any, **kwargs: Any) -> Stage[Any, Any]:
-        if "epoch" in kwargs and _takes_keyword(fn, "epoch"):
-            msg = f"stage {stage_name!r}: 'epoch' is supplied by the loader; use set_epoch()"
-            raise TypeError(msg)
-        try:
-            bound = config_sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"stage {stage_name!r}: {e}") from None
-        bound.apply_defaults()
-        # The stage pickles as "call this factory again": the factory has the function's
-        # name in its module, so pickle finds it by reference.
-        skip: LengthRule = "same" if positional else None
-        return Stage(fn, stage_name, _flatten(bound), length=length, skip=skip, factory=factory)
-
-    return factory
 
 
 def _flatten(bound: inspect.BoundArguments) -> dict[str, Any]:

@@ -5,7 +5,7 @@ a sampler drawn at ``iter()``, and torch's words in worker errors."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, overload
 
 import torch
@@ -165,7 +165,7 @@ class _Workers(Sequence[Any]):
     they can be joined and their exit codes read after the pass ended, as torch's tests do.
     """
 
-    def __init__(self, resources: dict[Any, dict[Any, Any]], epoch: int) -> None:
+    def __init__(self, resources: Mapping[Any, Mapping[Any, Any]], epoch: int) -> None:
         self._resources = resources
         self._epoch = epoch
         self._pool: Any = None

@@ -144,62 +144,85 @@ class DataLoader(tud.DataLoader[T_co]):
         )
         if self._pf_loader is not None and key == self._pf_key:
             return self._pf_loader
-        collate_fn = _FASTER.get(self.collate_fn, self.collate_fn)
-        if collate_fn is default_collate and operator.index(self.num_workers) > 0:
-            collate_fn = _collate_in_worker
-        # What torch accepts (numpy integers, 0/1 for flags) is normalised here, so pipeflow's
-        # stages, which check strictly, see plain ints and bools.
-        num_workers = operator.index(self.num_workers)
-        prefetch = 0 if self.prefetch_factor is None else operator.index(self.prefetch_factor)
-        in_order = bool(self.in_order)
-        datapipe = isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe))
-        worker_init = self.worker_init_fn
-        if datapipe and num_workers > 0:  # each worker shards its copy first, as in torch
-            from pipeflow._datapipes import shard_in_worker
-
-            worker_init = shard_in_worker(worker_init)
-        workers = {
-            "workers": num_workers,
-            "backend": "process",
-            "ordered": in_order,
-            "max_in_flight": max(1, prefetch * num_workers),
-            "mp_context": self.multiprocessing_context,
-            "worker_init": worker_init,
-            "timeout": float(self.timeout) or None,
-            "persistent": bool(self.persistent_workers),
-        }
-        loader: Loader[Any]
+        collate_fn = self._faster_collate()
+        workers = self._worker_settings()
         self._pf_primed = None
         if self._dataset_kind == _DatasetKind.Iterable:
-            if isinstance(self.dataset, tud.IterDataPipe):  # its workers get a seed per pass
-                from pipeflow._datapipes import DataPipeStream
-
-                self._pf_stream = DataPipeStream(self.dataset)
-            else:
-                self._pf_stream = _Stream(self.dataset)  # type: ignore[arg-type]
-            loader = Loader(self._pf_stream)
-            if self.batch_size is not None:
-                size = operator.index(self.batch_size)
-                loader = loader | batch(size, drop_last=bool(self.drop_last))
-            loader = loader | collate(collate_fn)
-            if num_workers > 0:  # every worker iterates its own replica, as in torch
-                loader = parallel_source(loader, **workers)
+            loader = self._iterable_pipeline(collate_fn, workers)
         else:
-            # torch never calls set_epoch on samplers itself; the user does.
-            sampler: Iterable[Any] = self._index_sampler
-            if num_workers > 0:  # torch draws the first indices at iter(): see __iter__
-                sampler = self._pf_primed = _primed(sampler)
-            loader = from_sampler(sampler, set_epoch=False)
-            work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
-            if num_workers > 0 or not in_order:  # batch k to worker k % num_workers
-                work = parallel_map(work, round_robin=True, **workers)
-            loader = loader | work
+            loader = self._map_pipeline(collate_fn, workers)
         if self.pin_memory and _accelerator():
             loader = loader | pin_memory()  # in a background thread, as torch does
         if self._pf_loader is not None:  # keep the epoch count across a rebuild
             loader.set_epoch(self._pf_loader.epoch)
             self._pf_loader.close()
         self._pf_key, self._pf_loader = key, loader
+        return loader
+
+    def _faster_collate(self) -> Callable[..., Any]:
+        """``collate_fn``, torch's own swapped for ours (run in the workers when there are)."""
+        collate_fn = _FASTER.get(self.collate_fn, self.collate_fn)
+        if collate_fn is default_collate and operator.index(self.num_workers) > 0:
+            collate_fn = _collate_in_worker
+        return collate_fn
+
+    def _worker_settings(self) -> dict[str, Any]:
+        """The arguments of ``parallel_map`` / ``parallel_source``, from torch's attributes.
+
+        What torch accepts (numpy integers, 0/1 for flags) is normalised here, so pipeflow's
+        stages, which check strictly, see plain ints and bools.
+        """
+        num_workers = operator.index(self.num_workers)
+        prefetch = 0 if self.prefetch_factor is None else operator.index(self.prefetch_factor)
+        worker_init = self.worker_init_fn
+        datapipe = isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe))
+        if datapipe and num_workers > 0:  # each worker shards its copy first, as in torch
+            from pipeflow._datapipes import shard_in_worker
+
+            worker_init = shard_in_worker(worker_init)
+        return {
+            "workers": num_workers,
+            "backend": "process",
+            "ordered": bool(self.in_order),
+            "max_in_flight": max(1, prefetch * num_workers),
+            "mp_context": self.multiprocessing_context,
+            "worker_init": worker_init,
+            "timeout": float(self.timeout) or None,
+            "persistent": bool(self.persistent_workers),
+        }
+
+    def _iterable_pipeline(
+        self, collate_fn: Callable[..., Any], workers: dict[str, Any]
+    ) -> Loader[Any]:
+        """An iterable dataset's pipeline: the dataset, ``batch``, ``collate``; with workers,
+        all of it in ``parallel_source``."""
+        if isinstance(self.dataset, tud.IterDataPipe):  # its workers get a seed per pass
+            from pipeflow._datapipes import DataPipeStream
+
+            self._pf_stream = DataPipeStream(self.dataset)
+        else:
+            self._pf_stream = _Stream(self.dataset)  # type: ignore[arg-type]
+        loader: Loader[Any] = Loader(self._pf_stream)
+        if self.batch_size is not None:
+            size = operator.index(self.batch_size)
+            loader = loader | batch(size, drop_last=bool(self.drop_last))
+        loader = loader | collate(collate_fn)
+        if workers["workers"] > 0:  # every worker iterates its own replica, as in torch
+            loader = parallel_source(loader, **workers)
+        return loader
+
+    def _map_pipeline(self, collate_fn: Callable[..., Any], workers: dict[str, Any]) -> Loader[Any]:
+        """A map-style dataset's pipeline: the (batch) sampler, then ``fetch`` and ``collate``;
+        with workers (or out of order), those two in ``parallel_map``."""
+        # torch never calls set_epoch on samplers itself; the user does.
+        sampler: Iterable[Any] = self._index_sampler
+        if workers["workers"] > 0:  # torch draws the first indices at iter(): see __iter__
+            sampler = self._pf_primed = _primed(sampler)
+        source = from_sampler(sampler, set_epoch=False)
+        work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
+        if workers["workers"] > 0 or not workers["ordered"]:  # batch k to worker k % workers
+            work = parallel_map(work, round_robin=True, **workers)
+        loader: Loader[Any] = source | work
         return loader
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -241,7 +264,7 @@ class DataLoader(tud.DataLoader[T_co]):
             it = self._count_against_len(it, self._IterableDataset_len_called)
         if self.num_workers > 0:
             loader = self.pipeline()
-            return _WorkerIter(it, self.timeout, _Workers(loader._resources, loader.epoch))
+            return _WorkerIter(it, self.timeout, _Workers(loader.resources, loader.epoch))
         return it
 
     def stats(self) -> Any:
@@ -257,17 +280,12 @@ class DataLoader(tud.DataLoader[T_co]):
         pass began, so the resumed pass draws the same permutation. Works across worker counts.
         """
         loader = self.pipeline()
-        progress = loader._progress
+        running = loader.pass_epoch
         position = loader.state_dict()
         # Mid-pass, the resumed pass must draw what this pass drew: the generator as it was
         # when the pass began. Between passes (the end of one is the start of the next), as
         # it is now.
-        in_pass = (
-            progress is not None
-            and not progress.done
-            and not progress.superseded
-            and position["epoch"] == progress.epoch
-        )
+        in_pass = running is not None and position["epoch"] == running
         rng = self._pf_rng_at_start if in_pass and self._pf_rng_at_start else self._rng_state()
         state: dict[str, Any] = {
             "pipeflow_dataloader": 1,

@@ -112,42 +112,9 @@ def in_thread(
     """
     out: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
-
-    def work() -> None:
-        it = iter(items)
-        try:
-            for item in it:
-                if item.__class__ is not Failure:  # a failed item passes on, in its place
-                    try:
-                        item = fn(item)
-                    except Exception as e:  # that item failed; the next one goes on
-                        item = Failure(e)
-                msg = ("item", item)
-                while not stop.is_set():
-                    try:
-                        out.put(msg, timeout=_STOP_POLL)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            _put(("end", None))
-        except BaseException as e:
-            _put(("error", e))
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-
-    def _put(msg: tuple[str, Any]) -> None:
-        while not stop.is_set():
-            try:
-                out.put(msg, timeout=_STOP_POLL)
-                return
-            except queue.Full:
-                continue
-
-    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread = threading.Thread(
+        target=_apply_ahead, args=(items, fn, out, stop), name=name, daemon=True
+    )
     thread.start()
     try:
         while True:
@@ -161,6 +128,50 @@ def in_thread(
     finally:
         stop.set()
         thread.join(timeout=2.0)
+
+
+def _apply_ahead(
+    items: Iterable[Any],
+    fn: Callable[[Any], Any],
+    out: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+) -> None:
+    """:func:`in_thread`'s thread: put ``("item", fn(item))`` for each item in *out*, then
+    ``("end", None)``, or ``("error", e)`` for what *items* raised; until *stop* is set."""
+    it = iter(items)
+    try:
+        for item in it:
+            if item.__class__ is not Failure:  # a failed item passes on, in its place
+                try:
+                    item = fn(item)
+                except Exception as e:  # that item failed; the next one goes on
+                    item = Failure(e)
+            msg = ("item", item)
+            while not stop.is_set():  # _put, inline: this runs once per item
+                try:
+                    out.put(msg, timeout=_STOP_POLL)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+        _put(out, stop, ("end", None))
+    except BaseException as e:
+        _put(out, stop, ("error", e))
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def _put(out: queue.Queue[tuple[str, Any]], stop: threading.Event, msg: tuple[str, Any]) -> None:
+    """Put *msg* in *out*, waiting for room until *stop* is set."""
+    while not stop.is_set():
+        try:
+            out.put(msg, timeout=_STOP_POLL)
+            return
+        except queue.Full:
+            continue
 
 
 # -- to_device ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context, Hooks
@@ -12,6 +12,9 @@ from pipeflow._failure import Failure
 from pipeflow._stage import Stage
 from pipeflow.errors import PipeflowError, StageStuckError, describe_indices
 from pipeflow.state import Drops, Resume
+
+if TYPE_CHECKING:
+    from pipeflow.stats import StageRecord
 
 __all__ = ["ErrorBudgetExceeded", "ignore_errors"]
 
@@ -122,10 +125,7 @@ def _ignore(
 ) -> Iterator[Any]:
     stats, drops = hooks.stats, hooks.record
     total = context.total  # this stage's items per epoch (its inputs, less what it drops)
-    limit = max_count
-    if max_fraction is not None and total is not None:
-        fraction_limit = int(max_fraction * total)
-        limit = fraction_limit if limit is None else min(limit, fraction_limit)
+    limit = _limit(max_count, max_fraction, total)
     dropped: list[Failure] = []
     seen = yielded = 0
     try:
@@ -140,12 +140,7 @@ def _ignore(
                 yield item
                 continue
             dropped.append(item)
-            if drops is not None and not item.dropped:  # a sample dropped from its batch
-                drops.before.append(yielded)  # came in addition to the batch, not in its place
-            if stats is not None:
-                stats.ignored += 1
-                room = _KEEP_INDICES - len(stats.ignored_indices)
-                stats.ignored_indices.extend(item.indices[: max(room, 0)])
+            _count(item, yielded, stats, drops)
             over = limit is not None and len(dropped) > limit
             if max_fraction is not None and total is None and seen >= _MIN_SEEN:
                 over = over or len(dropped) > max_fraction * seen
@@ -156,6 +151,24 @@ def _ignore(
     finally:
         if dropped:
             _log(dropped, context.epoch)
+
+
+def _limit(max_count: int | None, max_fraction: float | None, total: int | None) -> int | None:
+    """The most items an epoch of *total* items may drop (``None``: no fixed limit)."""
+    if max_fraction is None or total is None:
+        return max_count
+    fraction_limit = int(max_fraction * total)
+    return fraction_limit if max_count is None else min(max_count, fraction_limit)
+
+
+def _count(item: Failure, yielded: int, stats: StageRecord | None, drops: Drops | None) -> None:
+    """Note a dropped *item* in the stage's statistics and the pass's record of drops."""
+    if drops is not None and not item.dropped:  # a sample dropped from its batch
+        drops.before.append(yielded)  # came in addition to the batch, not in its place
+    if stats is not None:
+        stats.ignored += 1
+        room = _KEEP_INDICES - len(stats.ignored_indices)
+        stats.ignored_indices.extend(item.indices[: max(room, 0)])
 
 
 def _over_budget(

@@ -242,24 +242,7 @@ def take(
         epoch, position = progress.epoch + 1, 0
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
-        consumed: int | None = progress.delivered  # outputs of stage i taken, from the end
-        for i in range(len(stages) - 1, -1, -1):
-            record = progress.deliveries.get(i)
-            if record is not None:
-                if consumed is None:
-                    msg = (
-                        f"state_dict: stage {stages[i].name!r} records what it delivered, and "
-                        "a stage after it is not a map or a batch, so what was consumed can't "
-                        "be told; use ordered=True, or move that stage before it"
-                    )
-                    raise ValueError(msg)
-                saved = record.after(consumed)
-                flat_stages[str(_flat_index(stages, i))] = saved
-                consumed = saved.get("inputs")  # None above an out-of-order stage
-                continue
-            if consumed is not None:
-                answer = stages[i].resumption(consumed, None)
-                consumed = answer.inputs if answer.kind == "below" else None
+        flat_stages = _recorded(stages, progress)
     return {
         "pipeflow_state": VERSION,
         "epoch": epoch,
@@ -270,11 +253,51 @@ def take(
     }
 
 
+def _recorded(stages: Sequence[Any], progress: Progress) -> dict[str, Any]:
+    """What the recording stages of a pass in progress hold, by their place in the fingerprint.
+
+    Walks from the last stage up, turning the outputs the consumer took into each stage's
+    inputs taken, so every record is read at the count of its own outputs consumed.
+    """
+    flat_stages: dict[str, Any] = {}
+    consumed: int | None = progress.delivered  # outputs of stage i taken, from the end
+    for i in range(len(stages) - 1, -1, -1):
+        record = progress.deliveries.get(i)
+        if record is not None:
+            if consumed is None:
+                msg = (
+                    f"state_dict: stage {stages[i].name!r} records what it delivered, and "
+                    "a stage after it is not a map or a batch, so what was consumed can't "
+                    "be told; use ordered=True, or move that stage before it"
+                )
+                raise ValueError(msg)
+            saved = record.after(consumed)
+            flat_stages[str(_flat_index(stages, i))] = saved
+            consumed = saved.get("inputs")  # None above an out-of-order stage
+            continue
+        if consumed is not None:
+            answer = stages[i].resumption(consumed, None)
+            consumed = answer.inputs if answer.kind == "below" else None
+    return flat_stages
+
+
 def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) -> dict[str, Any]:
     """Refuse a *state* that is not from a pipeline like this one, naming what differs.
 
     Returns what the next pass needs: ``{"position": ..., "stages": {stage position: ...}}``.
     """
+    _check_form(state)
+    _check_pipeline(fingerprint(source, stages), state["pipeline"])
+    _check_length(state, length)
+    records = state.get("stages", {})
+    return {
+        "position": state["position"],
+        "stages": {_stage_index(stages, int(k)): v for k, v in records.items()},
+    }
+
+
+def _check_form(state: Any) -> None:
+    """Refuse what is not a loader state of this version, with its fields' types and ranges."""
     if not isinstance(state, dict) or state.get("pipeflow_state") != VERSION:
         msg = (
             "load_state_dict: not a pipeflow loader state (expected a dict from "
@@ -294,22 +317,29 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
             f"(got {state['epoch']}, {state['position']})"
         )
         raise ValueError(msg)
-    here = fingerprint(source, stages)
-    there = state["pipeline"]
-    if here != there:
-        for i, (a, b) in enumerate(zip(here, there)):
-            if a != b:
-                what = "the source" if i == 0 else f"stage {i}"
-                msg = (
-                    f"load_state_dict: the state is from a different pipeline: {what} is {a} "
-                    f"here but {b} in the state"
-                )
-                raise ValueError(msg)
-        msg = (
-            f"load_state_dict: the state is from a different pipeline: {len(here) - 1} stages "
-            f"here, {len(there) - 1} in the state ({' | '.join(there)})"
-        )
-        raise ValueError(msg)
+
+
+def _check_pipeline(here: list[str], there: list[str]) -> None:
+    """Refuse a state whose fingerprint *there* is not this pipeline's, *here*."""
+    if here == there:
+        return
+    for i, (a, b) in enumerate(zip(here, there)):
+        if a != b:
+            what = "the source" if i == 0 else f"stage {i}"
+            msg = (
+                f"load_state_dict: the state is from a different pipeline: {what} is {a} "
+                f"here but {b} in the state"
+            )
+            raise ValueError(msg)
+    msg = (
+        f"load_state_dict: the state is from a different pipeline: {len(here) - 1} stages "
+        f"here, {len(there) - 1} in the state ({' | '.join(there)})"
+    )
+    raise ValueError(msg)
+
+
+def _check_length(state: dict[str, Any], length: int | None) -> None:
+    """Refuse a state from a pipeline of another length, or one past the epoch's end."""
     if state.get("length") != length:
         msg = (
             f"load_state_dict: the state is from a pipeline of another length: {length} "
@@ -322,11 +352,6 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
             f"the epoch ({length} outputs per epoch)"
         )
         raise ValueError(msg)
-    records = state.get("stages", {})
-    return {
-        "position": state["position"],
-        "stages": {_stage_index(stages, int(k)): v for k, v in records.items()},
-    }
 
 
 # -- the pieces a pass runs --------------------------------------------------------------------

@@ -180,32 +180,27 @@ class Stats:
         return asdict(self)
 
     def __str__(self) -> str:
+        width = max([16, *(len(st.name) for st in self.stages)])  # computed rows are long
         head = (
-            f"{'stage':<16} {'items':>9} {'items/s':>10} {'own s':>8} {'wait s':>8} "
+            f"{'stage':<{width}} {'items':>9} {'items/s':>10} {'own s':>8} {'wait s':>8} "
             f"{'workers':>8} {'busy':>6} {'queue':>6} {'p50 ms':>8} {'p99 ms':>8}"
         )
-        lines = [head, "-" * len(head)]
-        for s in self.stages:
-            lines.append(
-                f"{s.name[:16]:<16} {s.items:>9,} {s.items_per_second:>10,.1f} "
-                f"{s.own_seconds:>8.3f} {s.wait_seconds:>8.3f} "
-                f"{_opt(s.workers, '{:d}'):>8} {_pct_opt(s.worker_busy):>6} "
-                f"{_pct_opt(s.queue_occupancy):>6} "
-                f"{_opt(s.item_seconds_p50, '{:.2f}', 1e3):>8} "
-                f"{_opt(s.item_seconds_p99, '{:.2f}', 1e3):>8}"
-            )
-        p50 = _opt(self.consumer_wait_p50, "{:.2f}", 1e3)
-        p99 = _opt(self.consumer_wait_p99, "{:.2f}", 1e3)
-        lines.append(
-            f"consumer waited {self.consumer_wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
-            f"({_pct(self.consumer_wait_fraction)}); per item p50 {p50} ms, p99 {p99} ms"
-        )
+        rows = [_table_row(st, width) for st in self.stages]
+        lines = [head, "-" * len(head), *rows, self._consumer_line()]
         lines.append(f"bottleneck: {self.bottleneck}: {self.advice}")
         for st in self.stages:
             if st.ignored_errors:
                 lines.append(f"ignored errors: {ignored_text(st)} (in {st.name!r})")
         lines.append(LEGEND)
         return "\n".join(lines)
+
+    def _consumer_line(self) -> str:
+        p50 = _opt(self.consumer_wait_p50, "{:.2f}", 1e3)
+        p99 = _opt(self.consumer_wait_p99, "{:.2f}", 1e3)
+        return (
+            f"consumer waited {self.consumer_wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
+            f"({_pct(self.consumer_wait_fraction)}); per item p50 {p50} ms, p99 {p99} ms"
+        )
 
     def plot(self, path: str) -> None:
         """Draw per-stage throughput and own time over the run into *path* (a PNG, say).
@@ -224,41 +219,78 @@ class Stats:
             msg = 'Stats.plot needs matplotlib: pip install "pipeflow[plot]" (or matplotlib)'
             raise ImportError(msg) from e
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=False)
-        for s in self.stages:
-            if len(s.series) >= 2:
-                xs = [t for t, _ in s.series]
-                rates = [
-                    (b - a) / (tb - ta) if tb > ta else 0.0
-                    for (ta, a), (tb, b) in zip(s.series, s.series[1:])
-                ]
-                top.plot(xs[1:], rates, label=s.name)
-        top.set_ylabel("items/s")
-        top.set_xlabel("seconds")
-        top.set_title("throughput per stage")
-        top.legend(fontsize="small")
-        names = [s.name for s in self.stages]
-        bottom.barh(names, [s.own_seconds for s in self.stages], label="own")
-        bottom.barh(
-            names,
-            [s.wait_seconds for s in self.stages],
-            left=[s.own_seconds for s in self.stages],
-            label="waiting for upstream",
-        )
-        bottom.invert_yaxis()
-        bottom.set_xlabel("seconds")
-        bottom.set_title(f"time per stage — bottleneck: {self.bottleneck}")
-        bottom.legend(fontsize="small")
+        _plot_throughput(top, self.stages)
+        _plot_times(bottom, self.stages, self.bottleneck)
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
 
 
+def _table_row(s: StageStats, width: int) -> str:
+    """One stage's line of the table ``str(stats)`` prints, its name *width* wide."""
+    return (
+        f"{s.name:<{width}} {s.items:>9,} {s.items_per_second:>10,.1f} "
+        f"{s.own_seconds:>8.3f} {s.wait_seconds:>8.3f} "
+        f"{_opt(s.workers, '{:d}'):>8} {_pct_opt(s.worker_busy):>6} "
+        f"{_pct_opt(s.queue_occupancy):>6} "
+        f"{_opt(s.item_seconds_p50, '{:.2f}', 1e3):>8} "
+        f"{_opt(s.item_seconds_p99, '{:.2f}', 1e3):>8}"
+    )
+
+
+def _plot_throughput(axes: Any, stages: list[StageStats]) -> None:
+    """Items per second of each stage between the points of its time series."""
+    for s in stages:
+        if len(s.series) >= 2:
+            xs = [t for t, _ in s.series]
+            rates = [
+                (b - a) / (tb - ta) if tb > ta else 0.0
+                for (ta, a), (tb, b) in zip(s.series, s.series[1:])
+            ]
+            axes.plot(xs[1:], rates, label=s.name)
+    axes.set_ylabel("items/s")
+    axes.set_xlabel("seconds")
+    axes.set_title("throughput per stage")
+    axes.legend(fontsize="small")
+
+
+def _plot_times(axes: Any, stages: list[StageStats], bottleneck: str) -> None:
+    """Each stage's own time and its wait for upstream, as stacked horizontal bars."""
+    names = [s.name for s in stages]
+    axes.barh(names, [s.own_seconds for s in stages], label="own")
+    axes.barh(
+        names,
+        [s.wait_seconds for s in stages],
+        left=[s.own_seconds for s in stages],
+        label="waiting for upstream",
+    )
+    axes.invert_yaxis()
+    axes.set_xlabel("seconds")
+    axes.set_title(f"time per stage — bottleneck: {bottleneck}")
+    axes.legend(fontsize="small")
+
+
 def ignored_text(stage: StageStats) -> str:
-    """``2 (sample indices 3, 8)``: how many items a stage dropped, and which."""
+    """``2 (sample indices 3, 8)``: how many items a stage dropped, and which.
+
+    The list ends with ``...`` when it is not all of them: more than 16 indices were kept, or
+    more items were dropped than indices kept (items without an index, or past the 1,000
+    kept).
+
+    Examples:
+        >>> ignored_text(StageStats("ignore_errors", 5, 0.0, 0.0, 0.0, 0.0, ignored_errors=2,
+        ...                         ignored_indices=[3, 8]))
+        '2 (sample indices 3, 8)'
+        >>> ignored_text(StageStats("ignore_errors", 5, 0.0, 0.0, 0.0, 0.0, ignored_errors=3,
+        ...                         ignored_indices=[3, 8]))
+        '3 (sample indices 3, 8, ...)'
+    """
     shown = stage.ignored_indices[:16]
-    more = ", ..." if len(stage.ignored_indices) > 16 else ""
-    listed = f" (sample indices {', '.join(map(str, shown))}{more})" if shown else ""
-    return f"{stage.ignored_errors}{listed}"
+    if not shown:
+        return str(stage.ignored_errors)
+    more = len(stage.ignored_indices) > len(shown) or stage.ignored_errors > len(shown)
+    listed = ", ".join(map(str, shown)) + (", ..." if more else "")
+    return f"{stage.ignored_errors} (sample indices {listed})"
 
 
 def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -292,37 +324,8 @@ def summarize(record: LoaderRecord) -> Stats:
     stages: list[StageStats] = []
     upstream_busy = 0
     for rec in record.stages:
-        own = max(rec.busy_ns - upstream_busy, 0)
-        wait = min(upstream_busy, rec.busy_ns)
+        stages.append(_stage_stats(rec, upstream_busy, record, wall))
         upstream_busy = rec.busy_ns
-        tasks = list(rec.task_ns)
-        parallel = rec.workers > 0
-        active = max(record.wall_ns, 1)
-        stages.append(
-            StageStats(
-                name=rec.name,
-                items=rec.counted(),
-                seconds=rec.busy_ns / 1e9,
-                own_seconds=own / 1e9,
-                wait_seconds=wait / 1e9,
-                items_per_second=rec.counted() / wall if wall else 0.0,
-                workers=rec.workers if parallel else None,
-                worker_busy=(
-                    min(rec.task_total_ns / (rec.workers * active), 1.0) if parallel else None
-                ),
-                queue_occupancy=(
-                    rec.in_flight / rec.in_flight_samples / rec.max_in_flight
-                    if parallel and rec.in_flight_samples
-                    else None
-                ),
-                item_seconds_p50=_percentile(tasks, 0.5) if parallel else None,
-                item_seconds_p90=_percentile(tasks, 0.9) if parallel else None,
-                item_seconds_p99=_percentile(tasks, 0.99) if parallel else None,
-                series=[((t - record.started) / 1e9, n) for t, n, _ in rec.series],
-                ignored_errors=rec.ignored,
-                ignored_indices=list(rec.ignored_indices),
-            )
-        )
     waits = list(record.waits)
     # The consumer waits exactly while the last stage's iterator runs.
     wait_s = record.stages[-1].busy_ns / 1e9 if record.stages else 0.0
@@ -339,6 +342,43 @@ def summarize(record: LoaderRecord) -> Stats:
         bottleneck=bottleneck,
         advice=advice,
     )
+
+
+def _stage_stats(
+    rec: StageRecord, upstream_busy: int, record: LoaderRecord, wall: float
+) -> StageStats:
+    """One stage's numbers: its own time is its span less its upstream's (*upstream_busy*)."""
+    own = max(rec.busy_ns - upstream_busy, 0)
+    wait = min(upstream_busy, rec.busy_ns)
+    return StageStats(
+        name=rec.name,
+        items=rec.counted(),
+        seconds=rec.busy_ns / 1e9,
+        own_seconds=own / 1e9,
+        wait_seconds=wait / 1e9,
+        items_per_second=rec.counted() / wall if wall else 0.0,
+        **(_worker_numbers(rec, max(record.wall_ns, 1)) if rec.workers > 0 else {}),
+        series=[((t - record.started) / 1e9, n) for t, n, _ in rec.series],
+        ignored_errors=rec.ignored,
+        ignored_indices=list(rec.ignored_indices),
+    )
+
+
+def _worker_numbers(rec: StageRecord, active_ns: int) -> dict[str, Any]:
+    """A parallel stage's numbers about its workers, over *active_ns* of passes."""
+    tasks = list(rec.task_ns)
+    return {
+        "workers": rec.workers,
+        "worker_busy": min(rec.task_total_ns / (rec.workers * active_ns), 1.0),
+        "queue_occupancy": (
+            rec.in_flight / rec.in_flight_samples / rec.max_in_flight
+            if rec.in_flight_samples
+            else None
+        ),
+        "item_seconds_p50": _percentile(tasks, 0.5),
+        "item_seconds_p90": _percentile(tasks, 0.9),
+        "item_seconds_p99": _percentile(tasks, 0.99),
+    }
 
 
 # The bottleneck rule's thresholds (see :func:`diagnose`).

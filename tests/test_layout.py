@@ -1,12 +1,29 @@
-"""The package's shape: no import cycles (imports inside functions included), small modules."""
+"""The package's shape: no import cycles (imports inside functions included), short functions.
+
+No cap on a module's length: modules are split by concern, where a reader needs it. What a
+reader needs at once is a function, so that is what is measured.
+"""
 
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeflow"
-MAX_LINES = 400
+#: Lines of code a function may have (see :func:`function_lengths` for what counts).
+MAX_FUNCTION_LINES = 50
+#: Scripts, not the engine: the command line and the demo read top to bottom.
+EXEMPT = frozenset({"pipeflow.__main__", "pipeflow.demo"})
+# Functions over the limit in modules other engineers are reworking right now (the runner in
+# _chain, parallel/ cut by concern). The lead empties this set after merging their branches;
+# a name here that is no longer over the limit fails the test, so the set only shrinks.
+PENDING = {
+    "pipeflow.parallel._processes:ProcessPool.__init__",
+    "pipeflow.parallel._run:_results",
+}
 
 
 def module_name(path: Path) -> str:
@@ -72,9 +89,116 @@ def test_no_import_cycles() -> None:
     assert find_cycle(graph()) is None
 
 
-def test_no_module_is_over_400_lines() -> None:
-    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
-    assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
+_NOT_CODE = frozenset(
+    {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENCODING,
+        tokenize.ENDMARKER,
+    }
+)
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _code_lines(source: str, tree: ast.Module) -> set[int]:
+    """The line numbers that hold a code token, docstrings (of any def or class) left out."""
+    lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in _NOT_CODE:  # a token over several lines holds code on each
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+    for node in ast.walk(tree):
+        if isinstance(node, (*_DEFS, ast.ClassDef, ast.Module)) and ast.get_docstring(node):
+            doc = node.body[0]
+            lines.difference_update(range(doc.lineno, (doc.end_lineno or doc.lineno) + 1))
+    return lines
+
+
+def _defs(
+    node: ast.AST, prefix: str
+) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function and method under *node*, named ``Class.method`` or ``outer.inner``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _DEFS):
+            yield f"{prefix}{child.name}", child
+            yield from _defs(child, f"{prefix}{child.name}.")
+        elif isinstance(child, ast.ClassDef):
+            yield from _defs(child, f"{prefix}{child.name}.")
+        else:
+            yield from _defs(child, prefix)
+
+
+def function_lengths(source: str) -> dict[str, int]:
+    """Lines of code of every function and method in *source*, by its qualified name.
+
+    The rule: a function spans its ``def`` line to its last line (decorators left out); of
+    those, the lines that hold a code token count. Blank lines, comment-only lines and
+    docstrings do not; a statement or string over several lines counts each of its lines.
+    A nested function counts inside its parent's span (the parent is that long to read),
+    and is measured on its own too.
+    """
+    tree = ast.parse(source)
+    code = _code_lines(source, tree)
+    return {
+        name: sum(1 for n in code if node.lineno <= n <= (node.end_lineno or node.lineno))
+        for name, node in _defs(tree, "")
+    }
+
+
+def long_functions() -> dict[str, int]:
+    """``{"module:function": lines}`` for the functions over the limit, outside the scripts."""
+    return {
+        f"{module}:{name}": n
+        for module, path in modules().items()
+        if module not in EXEMPT
+        for name, n in function_lengths(path.read_text()).items()
+        if n > MAX_FUNCTION_LINES
+    }
+
+
+def test_the_counter_counts_code_lines_only() -> None:
+    source = '''
+@decorator
+def outer(a,
+          b):
+    """A docstring
+    over two lines."""
+
+    # a comment
+    text = """a string
+    over two lines"""
+
+    def inner():
+        """Its docstring."""
+        return 1  # a comment after code
+    return inner
+
+
+class Box:
+    """A class."""
+
+    def method(self):
+        pass
+'''
+    assert function_lengths(source) == {"outer": 7, "outer.inner": 2, "Box.method": 2}
+    assert function_lengths("async def f():\n" + "    x = 1\n\n" * 50) == {"f": 51}
+
+
+def test_no_function_is_over_50_lines_of_code() -> None:
+    """No function or method of the package outside ``__main__`` and ``demo`` has more than 50
+    lines of code, bar the ones in ``PENDING``.
+
+    Lines of code: from the ``def`` line (decorators left out) to the last, the lines holding a
+    code token, so not blank lines, comments or docstrings; a nested function's lines count in
+    its parent too (see :func:`function_lengths`).
+    """
+    long = long_functions()
+    assert {name: n for name, n in long.items() if name not in PENDING} == {}
+    assert set(long) >= PENDING, (
+        f"no longer over the limit, drop from PENDING: {PENDING - set(long)}"
+    )
 
 
 def test_collate_never_imports_the_parallel_package() -> None:

@@ -83,6 +83,7 @@ from pipeflow.stats import (  # noqa: E402
     LoaderRecord,
     StageStats,
     diagnose,
+    ignored_text,
     summarize,
 )
 
@@ -291,3 +292,24 @@ def test_a_parallel_map_after_indices_numbers_the_positions_itself(ordered) -> N
     loader = pf.indices(300) | pf.map(abs) | pf.parallel_map(abs, workers=2)
     assert len(list(loader)) == 300
     assert [s.items for s in loader.stats().stages] == [300, 300, 300]  # read through map
+
+
+def _dropped(errors: int, indices: list[int]) -> StageStats:
+    return StageStats(
+        "ignore_errors", 5, 0.0, 0.0, 0.0, 0.0, ignored_errors=errors, ignored_indices=indices
+    )
+
+
+@pytest.mark.parametrize(
+    ("errors", "indices", "text"),
+    [
+        (2, [3, 8], "2 (sample indices 3, 8)"),
+        (1, [2, 3], "1 (sample indices 2, 3)"),  # a batch dropped whole: one item, two samples
+        (3, [3, 8], "3 (sample indices 3, 8, ...)"),  # an item without indices was dropped too
+        (16, list(range(16)), f"16 (sample indices {', '.join(map(str, range(16)))})"),
+        (17, list(range(17)), f"17 (sample indices {', '.join(map(str, range(16)))}, ...)"),
+        (2, [], "2"),
+    ],
+)
+def test_ignored_text_ends_with_dots_when_it_lists_only_some(errors, indices, text) -> None:
+    assert ignored_text(_dropped(errors, indices)) == text

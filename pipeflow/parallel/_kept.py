@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeflow.parallel._settings import Settings
@@ -57,7 +57,7 @@ class Kept:
             pool.close()
 
 
-def pass_pool(resources: dict[Any, dict[Any, Any]], epoch: int) -> Any:
+def pass_pool(resources: Mapping[Any, Mapping[Any, Any]], epoch: int) -> Any:
     """The pool the loader's pass of *epoch* runs on (its first parallel stage's), or
     ``None`` (no parallel stage, or the pass has not started it yet, or it is gone)."""
     for key in sorted(resources):
