@@ -61,6 +61,8 @@ class Stage(Generic[In, Out]):
             (replay them) otherwise. :meth:`resumption` answers from it.
         dataset: the dataset this stage reads by key (``fetch``): errors in the stages
             after it name the sample indices, and workers report it in ``WorkerInfo``.
+        compute: ``compute(upstream, **config)``, the stage's answer to the planning step
+            (:meth:`computed`), or ``None`` (it runs on items).
         failures: how the stage meets failed items (see :mod:`pipeflow._failure`):
             ``"bypass"`` (the default: it never sees them; they go around it, out before its
             next item), ``"mark"`` (it never sees them, but yields failures of its own as
@@ -81,6 +83,7 @@ class Stage(Generic[In, Out]):
     """
 
     __slots__ = (
+        "_compute",
         "_config",
         "_dataset",
         "_factory",
@@ -104,8 +107,10 @@ class Stage(Generic[In, Out]):
         factory: Callable[..., Stage[Any, Any]] | None = None,
         dataset: Any = None,
         failures: Literal["bypass", "mark", "pass"] = "bypass",
+        compute: Callable[..., Any] | None = None,
     ) -> None:
         self._fn = fn
+        self._compute = compute
         self._failures = failures
         self._factory = factory
         self._skip = skip
@@ -209,7 +214,9 @@ class Stage(Generic[In, Out]):
         (a description from :mod:`pipeflow._plan`, such as ``Positions``); ``None`` (the
         default): the stage runs on its items. Only pipeflow's own index stages (``shuffle``,
         ``shard``, ``batch``) compute."""
-        return None
+        if self._compute is None:
+            return None
+        return self._compute(upstream, **self._config)
 
     #: Whether the stage takes its input in runs (a parallel stage): right after a source
     #: whose iterator knows what it has left, it reads that iterator directly, unwatched,
@@ -276,6 +283,7 @@ class Stage(Generic[In, Out]):
             self._skip,
             self._dataset,
             self._failures,
+            self._compute,
         )
         return (_rebuild, state)
 
@@ -293,10 +301,19 @@ def _rebuild(
     skip: LengthRule = None,
     dataset: Any = None,
     failures: Any = "bypass",
+    compute: Callable[..., Any] | None = None,
 ) -> Stage[Any, Any]:
     obj = cls.__new__(cls)
     Stage.__init__(
-        obj, fn, name, config, length=length, skip=skip, dataset=dataset, failures=failures
+        obj,
+        fn,
+        name,
+        config,
+        length=length,
+        skip=skip,
+        dataset=dataset,
+        failures=failures,
+        compute=compute,
     )
     return obj
 

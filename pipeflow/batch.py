@@ -40,19 +40,12 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
     size = _checks.integer("batch", "size", size, low=1)
     _checks.boolean("batch", "drop_last", drop_last)
     config = {"size": size, "drop_last": drop_last}
-    return _Batch(_read, "batch", config, length=_batch_length, skip=_batch_skip)
+    return Stage(_read, "batch", config, length=_batch_length, skip=_batch_skip, compute=_computed)
 
 
-class _Batch(Stage[T, list[T]]):
-    """``batch``: over positions the planning step computes it (see :mod:`pipeflow._plan`)."""
-
-    __slots__ = ()
-
-    def computed(self, upstream: Any) -> Batches | None:
-        """Batches of positions, cut from the positions' own blocks."""
-        if not isinstance(upstream, Positions):
-            return None
-        return Batches(upstream, self._config["size"], self._config["drop_last"])
+def _computed(upstream: Any, size: int, drop_last: bool) -> Batches | None:
+    """The planning step's question: over positions, batches cut from their own blocks."""
+    return Batches(upstream, size, drop_last) if isinstance(upstream, Positions) else None
 
 
 def _read(items: Iterable[T], size: int, drop_last: bool) -> Iterator[list[T]]:
