@@ -161,18 +161,4 @@ def test_import_pipeflow_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_collate_failure_names_the_fetched_sample_indices() -> None:
-    ragged = [[0.0, 1.0], [2.0, 3.0], [4.0], [5.0, 6.0]]
-    np = pytest.importorskip("numpy")
-    arrays = [np.array(r) for r in ragged]
-    loader = pf.indices(4) | pf.batch(2) | pf.fetch(arrays) | pf.collate()
-    with pytest.raises(
-        RuntimeError, match=r"item 0 has shape \(1,\), item 1 has shape \(2,\)"
-    ) as info:
-        list(loader)
-    assert info.value.__notes__ == [
-        "pipeflow: stage 'collate' failed on the batch of sample indices [2, 3] (epoch 0)"
-    ]
-
-
 # -- batch over a known input: cut from positions or a permutation, nothing read -------------
