@@ -1,4 +1,5 @@
-"""The core: stages, ``|``, sources and the loader object."""
+"""loader.py: the Loader — its epoch, laziness, length, pickling, and closing what its stages
+started."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import pickle
 import pytest
 
 import pipeflow as pf
-
-# -- exactly once, order, length ----------------------------------------------------------
 
 
 def test_plain_passes_advance_the_epoch() -> None:
@@ -23,9 +22,6 @@ def test_plain_passes_advance_the_epoch() -> None:
     assert list(loader) == e0
     loader.set_epoch(1)
     assert list(loader) == e1
-
-
-# -- batch / unbatch, composition -------------------------------------------------------------
 
 
 # -- laziness ---------------------------------------------------------------------------------
@@ -81,7 +77,7 @@ def test_iter_pulls_lazily_item_by_item() -> None:
     assert ds.calls == 10
 
 
-# -- sources --------------------------------------------------------------------------------
+# -- length -----------------------------------------------------------------------------------
 
 
 def test_len_raises_type_error_naming_the_stage() -> None:
@@ -91,10 +87,7 @@ def test_len_raises_type_error_naming_the_stage() -> None:
         len(pf.from_iterable(x for x in range(3)))
 
 
-# -- the stage decorator ------------------------------------------------------------------
-
-
-# -- every stage: eager validation, pickling, repr, immutability ----------------------------
+# -- pickling ---------------------------------------------------------------------------------
 
 
 def test_loaders_pickle_and_keep_working() -> None:
@@ -106,9 +99,6 @@ def test_loaders_pickle_and_keep_working() -> None:
         == repr(loader)
         == ("indices(7) | shuffle(seed=2) | batch(size=3, drop_last=False) | map(fn=len)")
     )
-
-
-# -- errors at run time -------------------------------------------------------------------
 
 
 # -- resources ------------------------------------------------------------------------------
@@ -144,9 +134,3 @@ def test_early_break_closes_every_stage() -> None:
     for _ in loader:
         break
     assert sorted(closed) == ["a", "b"]
-
-
-# -- import weight --------------------------------------------------------------------------
-
-
-# -- batch over a known input: cut from positions or a permutation, nothing read -------------
