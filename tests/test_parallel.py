@@ -416,3 +416,15 @@ def test_the_heap_stays_frozen_while_fork_workers_live_and_a_user_freeze_is_kept
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_parallel_map_after_indices_numbers_the_positions_itself(ordered) -> None:
+    loader = pf.indices(300) | pf.parallel_map(abs, workers=2, ordered=ordered) | pf.batch(10)
+    got = [x for batch in loader for x in batch]
+    assert got == list(range(300)) if ordered else sorted(got) == list(range(300))
+    # indices is not read: parallel_map makes 0 .. n-1 itself
+    assert [s.items for s in loader.stats().stages] == [0, 300, 30]
+    loader = pf.indices(300) | pf.map(abs) | pf.parallel_map(abs, workers=2)
+    assert len(list(loader)) == 300
+    assert [s.items for s in loader.stats().stages] == [300, 300, 300]  # read through map
