@@ -12,6 +12,7 @@ import pipeflow as pf
 from tests.strategies import batch_sizes, epochs, lengths, seeds
 
 
+# -- exactly once, order, length --------------------------------------------------------------
 def batches_of(n: int, size: int, drop_last: bool) -> list[list[int]]:
     out = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
     if drop_last and out and len(out[-1]) < size:
@@ -49,6 +50,7 @@ def test_order_preserved_without_shuffle(n: int, size: int, drop_last: bool) -> 
     assert len(loader) == len(batches_of(n, size, drop_last))
 
 
+# -- batch / unbatch --------------------------------------------------------------------------
 @given(items=st.lists(st.integers()), size=batch_sizes)
 def test_batch_then_unbatch_is_identity(items: list[int], size: int) -> None:
     assert list(pf.from_iterable(items) | pf.batch(size) | pf.unbatch()) == items
@@ -71,6 +73,7 @@ def test_batch_reads_one_batch_per_next(drop_last: bool) -> None:
     it.close()
 
 
+# -- batch over a known input: cut from positions or a permutation, nothing read --------------
 def _known_and_read(n: int, size: int, drop_last: bool, seed: int | None) -> tuple[Any, Any]:
     """The same batches twice: computed (batch right after indices / a full shuffle) and read
     (a map in between hides what the input is)."""

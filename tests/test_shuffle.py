@@ -12,6 +12,7 @@ import pipeflow as pf
 from tests.strategies import epochs, lengths, seeds
 
 
+# -- the full shuffle: seed and epoch, pinned orders ------------------------------------------
 @given(n=st.integers(2, 200), seed=seeds, epoch=epochs)
 def test_same_seed_and_epoch_same_order_other_epoch_other_order(
     n: int, seed: int, epoch: int
@@ -71,6 +72,7 @@ def test_shuffle_golden_sizes(n: int, seed: int, epoch: int, head: list[int]) ->
     assert list(itertools.islice(loader, len(head))) == head
 
 
+# -- the buffer shuffle -----------------------------------------------------------------------
 @given(n=lengths, seed=seeds, buffer=st.integers(1, 50), epoch=epochs)
 def test_buffer_shuffle_is_a_permutation_and_reproducible(
     n: int, seed: int, buffer: int, epoch: int

@@ -14,6 +14,7 @@ from tests.example_stages import add_noise, with_epoch
 from tests.strategies import batch_sizes
 
 
+# -- composition and `|` ----------------------------------------------------------------------
 @given(items=st.lists(st.integers(), max_size=50), size=batch_sizes)
 def test_composition_is_associative(items: list[int], size: int) -> None:
     a, b, c = pf.map(lambda x: x * 3), pf.filter(lambda x: x % 2 == 0), pf.batch(size)
@@ -61,6 +62,7 @@ def test_loader_or_loader_and_stage_or_loader_raise() -> None:
         pf.batch(2) | pf.indices(3)
 
 
+# -- every stage: eager validation, pickling, repr, immutability ------------------------------
 BAD_ARGUMENTS = [
     (pf.batch, (0,), {}, ValueError, r"batch: size must be at least 1 \(got 0\)"),
     (pf.batch, (2.0,), {}, TypeError, "size must be an integer"),
