@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import pipeflow as pf
 from pipeflow.collate import default_collate, default_convert
 
 pf_collate = importlib.import_module("pipeflow._collate_torch")  # where default_collate lives
@@ -615,3 +616,17 @@ def test_import_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_collate_failure_names_the_fetched_sample_indices() -> None:
+    ragged = [[0.0, 1.0], [2.0, 3.0], [4.0], [5.0, 6.0]]
+    np = pytest.importorskip("numpy")
+    arrays = [np.array(r) for r in ragged]
+    loader = pf.indices(4) | pf.batch(2) | pf.fetch(arrays) | pf.collate()
+    with pytest.raises(
+        RuntimeError, match=r"item 0 has shape \(1,\), item 1 has shape \(2,\)"
+    ) as info:
+        list(loader)
+    assert info.value.__notes__ == [
+        "pipeflow: stage 'collate' failed on the batch of sample indices [2, 3] (epoch 0)"
+    ]

@@ -163,3 +163,10 @@ def test_a_real_gloo_process_group_under_torchrun(world, tmp_path) -> None:
         capture_output=True,
     )
     check_ranks(tmp_path, world)
+
+
+def test_shard_after_shuffle_golden() -> None:
+    # Rank 2 of 4 over 13 shuffled indices: positions 2, 6, 10 and 14 (padding: position 1).
+    order = list(pf.indices(13) | pf.shuffle(seed=5))
+    assert list(pf.indices(13) | pf.shuffle(seed=5) | pf.shard(2, 4)) == [0, 4, 10, 12]
+    assert [order[p % 13] for p in (2, 6, 10, 14)] == [0, 4, 10, 12]

@@ -245,32 +245,6 @@ def test_state_dict_starts_no_worker() -> None:
     assert state["position"] == 0
 
 
-@pytest.mark.parametrize(
-    ("other", "words"),
-    [
-        (pf.indices(11) | pf.shuffle(seed=1) | pf.batch(3), "source is indices(11)"),
-        (pf.indices(10) | pf.shuffle(seed=2) | pf.batch(3), "shuffle(seed=2)"),
-        (pf.indices(10) | pf.shuffle(seed=1) | pf.batch(4), "batch(size=4"),
-        (pf.indices(10) | pf.shuffle(seed=1), "1 stages here, 2 in the state"),
-    ],
-)
-def test_a_state_from_another_pipeline_is_refused(other: pf.Loader, words: str) -> None:
-    state = (pf.indices(10) | pf.shuffle(seed=1) | pf.batch(3)).state_dict()
-    with pytest.raises(ValueError, match="different pipeline") as info:
-        other.load_state_dict(state)
-    assert words in str(info.value)
-
-
-def test_garbage_is_refused() -> None:
-    loader = pf.indices(3)
-    with pytest.raises(ValueError, match="not a pipeflow loader state"):
-        loader.load_state_dict({"epoch": 1})
-    state = loader.state_dict()
-    state["position"] = -1
-    with pytest.raises(ValueError, match="at least 0"):
-        loader.load_state_dict(state)
-
-
 # -- the DataLoader facade -----------------------------------------------------------------------
 class Pairs(tud.Dataset):
     def __len__(self) -> int:

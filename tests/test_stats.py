@@ -1,9 +1,8 @@
-"""loader.stats(): the numbers, the bottleneck, the table, the plot; and pf.progress()."""
+"""loader.stats(): the numbers, the bottleneck, the table, the plot (stats.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
@@ -252,46 +251,6 @@ def test_stats_cost_little_on_tiny_items() -> None:
     loader = pf.indices(1000) | pf.map(abs) | pf.map(abs)
     assert sum(1 for _ in loader) == 1000
     assert [s.items for s in loader.stats().stages] == [1000, 1000, 1000]
-
-
-# -- progress -----------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_progress_is_silent_when_output_is_not_a_terminal() -> None:
-    code = "import pipeflow as pf; list(pf.indices(50) | pf.progress())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stderr == "" and out.stdout == ""
-
-
-@pytest.mark.slow
-def test_forced_progress_shows_count_rate_and_total() -> None:
-    code = (
-        "import pipeflow as pf\n"
-        "loader = pf.indices(50) | pf.batch(5) | pf.progress(unit='batch', force=True)\n"
-        "loader.set_epoch(3)\n"
-        "list(loader)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "epoch 3: 100%" in out.stderr
-    assert "10/10" in out.stderr and "batch/s" in out.stderr
-
-
-def test_progress_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="total must be at least 0"):
-        pf.progress(total=-1)
-    with pytest.raises(TypeError, match="force must be a bool"):
-        pf.progress(force="yes")
-
-
-@pytest.mark.parametrize("ordered", [True, False])
-def test_a_parallel_map_after_indices_numbers_the_positions_itself(ordered) -> None:
-    loader = pf.indices(300) | pf.parallel_map(abs, workers=2, ordered=ordered) | pf.batch(10)
-    got = [x for batch in loader for x in batch]
-    assert got == list(range(300)) if ordered else sorted(got) == list(range(300))
-    # indices is not read: parallel_map makes 0 .. n-1 itself
-    assert [s.items for s in loader.stats().stages] == [0, 300, 30]
-    loader = pf.indices(300) | pf.map(abs) | pf.parallel_map(abs, workers=2)
-    assert len(list(loader)) == 300
-    assert [s.items for s in loader.stats().stages] == [300, 300, 300]  # read through map
 
 
 def _dropped(errors: int, indices: list[int]) -> StageStats:

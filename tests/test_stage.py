@@ -1,0 +1,128 @@
+"""_stage.py: Stage and ``|`` — composition, what ``|`` refuses, and every stage's recipe
+(eager checks, pickling, repr, immutability)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pipeflow as pf
+from tests.example_stages import add_noise, with_epoch
+from tests.strategies import batch_sizes
+
+
+# -- composition and `|` ----------------------------------------------------------------------
+@given(items=st.lists(st.integers(), max_size=50), size=batch_sizes)
+def test_composition_is_associative(items: list[int], size: int) -> None:
+    a, b, c = pf.map(lambda x: x * 3), pf.filter(lambda x: x % 2 == 0), pf.batch(size)
+    left = (a | b) | c
+    right = a | (b | c)
+    assert left == right
+    assert left.stages == right.stages == (a, b, c)
+    src = pf.from_iterable(items)
+    assert list(src | left) == list(src | right) == list(((src | a) | b) | c)
+
+
+def test_stage_pipes_compose_before_data_exists() -> None:
+    ds = ["a", "b", "c", "d"]
+    prep = pf.fetch(ds) | pf.map(str.upper)
+    assert isinstance(prep, pf.Stage)
+    loader = pf.indices(4) | prep
+    assert list(loader) == ["A", "B", "C", "D"]
+    assert len(loader) == 4
+
+
+@pytest.mark.parametrize(
+    "other", [1, "x", [1, 2], None, object(), lambda x: x], ids=lambda o: type(o).__name__
+)
+def test_or_with_non_pipeflow_operand_raises_type_error(other: object) -> None:
+    with pytest.raises(TypeError):
+        pf.batch(2) | other
+    with pytest.raises(TypeError):
+        other | pf.batch(2)
+    with pytest.raises(TypeError):
+        pf.indices(3) | other
+    with pytest.raises(TypeError):
+        other | pf.indices(3)
+
+
+def test_numpy_array_cannot_take_over_the_pipe() -> None:
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError):
+        np.arange(3) | pf.batch(2)
+
+
+def test_loader_or_loader_and_stage_or_loader_raise() -> None:
+    with pytest.raises(TypeError):
+        pf.indices(3) | pf.indices(3)
+    with pytest.raises(TypeError):
+        pf.batch(2) | pf.indices(3)
+
+
+# -- every stage: eager validation, pickling, repr, immutability ------------------------------
+BAD_ARGUMENTS = [
+    (pf.batch, (0,), {}, ValueError, r"batch: size must be at least 1 \(got 0\)"),
+    (pf.batch, (2.0,), {}, TypeError, "size must be an integer"),
+    (pf.batch, (2,), {"drop_last": "yes"}, TypeError, "drop_last must be a bool"),
+    (pf.shuffle, (), {"seed": -1}, ValueError, "seed"),
+    (pf.shuffle, (), {"seed": "a"}, TypeError, "seed"),
+    (pf.shuffle, (), {"buffer_size": 0}, ValueError, r"buffer_size must be at least 1 \(got 0\)"),
+    (pf.fetch, (3,), {}, TypeError, "dataset"),
+    (pf.fetch, ([1],), {"batched": "no"}, TypeError, "batched"),
+    (pf.map, (3,), {}, TypeError, "fn must be callable"),
+    (pf.filter, (None,), {}, TypeError, "predicate must be callable"),
+    (pf.collate, (3,), {}, TypeError, "collate"),
+    (pf.indices, (-1,), {}, ValueError, "indices"),
+]
+
+
+@pytest.mark.parametrize(("factory", "args", "kwargs", "exc", "match"), BAD_ARGUMENTS)
+def test_bad_arguments_raise_when_the_stage_is_built(factory, args, kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        factory(*args, **kwargs)
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def _even(x: int) -> bool:
+    return x % 2 == 0
+
+
+ALL_STAGES = [
+    pf.batch(3),
+    pf.batch(3, drop_last=True),
+    pf.unbatch(),
+    pf.shuffle(seed=1),
+    pf.shuffle(seed=1, buffer_size=4),
+    pf.fetch([10, 11, 12]),
+    pf.map(_double),
+    pf.filter(_even),
+    pf.collate(),
+    pf.collate(list),
+    add_noise(scale=1.0),
+    with_epoch(),
+    pf.batch(2) | pf.unbatch(),
+    pf.parallel_map(_double, workers=2, seed=3),
+    pf.parallel_map(pf.fetch([1, 2]) | pf.map(_double), workers=2, backend="process", seed=4),
+]
+
+
+@pytest.mark.parametrize("s", ALL_STAGES, ids=repr)
+def test_stages_pickle_compare_and_have_readable_reprs(s: pf.Stage) -> None:
+    clone = pickle.loads(pickle.dumps(s))
+    assert clone == s
+    assert hash(clone) == hash(s)
+    assert repr(clone) == repr(s)
+    assert "object at 0x" not in repr(s)
+    assert repr(s).startswith(s.stages[0].name + "(")
+
+
+@pytest.mark.parametrize("s", ALL_STAGES, ids=repr)
+def test_stages_are_immutable(s: pf.Stage) -> None:
+    with pytest.raises(AttributeError):
+        s._config = {}  # type: ignore[misc]
