@@ -180,13 +180,11 @@ class Stats:
         return asdict(self)
 
     def __str__(self) -> str:
-        width = max([16, *(len(st.name) for st in self.stages)])  # computed rows are long
         head = (
-            f"{'stage':<{width}} {'items':>9} {'items/s':>10} {'own s':>8} {'wait s':>8} "
+            f"{'stage':<16} {'items':>9} {'items/s':>10} {'own s':>8} {'wait s':>8} "
             f"{'workers':>8} {'busy':>6} {'queue':>6} {'p50 ms':>8} {'p99 ms':>8}"
         )
-        rows = [_table_row(st, width) for st in self.stages]
-        lines = [head, "-" * len(head), *rows, self._consumer_line()]
+        lines = [head, "-" * len(head), *map(_table_row, self.stages), self._consumer_line()]
         lines.append(f"bottleneck: {self.bottleneck}: {self.advice}")
         for st in self.stages:
             if st.ignored_errors:
@@ -226,10 +224,12 @@ class Stats:
         plt.close(fig)
 
 
-def _table_row(s: StageStats, width: int) -> str:
-    """One stage's line of the table ``str(stats)`` prints, its name *width* wide."""
+def _table_row(s: StageStats) -> str:
+    """One stage's line of the table ``str(stats)`` prints; a name too long for its column
+    (a computed source's) takes a line of its own above the numbers."""
+    name = f"{s.name:<16}" if len(s.name) <= 16 else f"{s.name}\n{'':<16}"
     return (
-        f"{s.name:<{width}} {s.items:>9,} {s.items_per_second:>10,.1f} "
+        f"{name} {s.items:>9,} {s.items_per_second:>10,.1f} "
         f"{s.own_seconds:>8.3f} {s.wait_seconds:>8.3f} "
         f"{_opt(s.workers, '{:d}'):>8} {_pct_opt(s.worker_busy):>6} "
         f"{_pct_opt(s.queue_occupancy):>6} "
@@ -403,7 +403,8 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
        is looked at (the first of equals):
 
        a. a single-threaded stage is the bottleneck: run it in ``pf.parallel_map`` (or, for
-          a parallel stage with ``workers=0``, give it workers);
+          a parallel stage with ``workers=0``, give it workers); a computed source (see
+          :mod:`pipeflow._plan`) has no user code to move: the rest is light;
        b. a parallel stage whose workers are busy ``BUSY_WORKERS`` (80 %) of the time or more
           is the bottleneck: more workers, or threads;
        c. a parallel stage whose workers are idle more, while the stage before it has at least
@@ -431,6 +432,11 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
     slowest = max(stages, key=lambda s: s.own_seconds)
     if slowest.workers is None or slowest.worker_busy is None:
         share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
+        if slowest.name.endswith(" (computed)"):  # pipeflow._plan: no user code to move
+            return slowest.name, (
+                f"{waited}; the most time is in {slowest.name!r}, which the loader computes "
+                "from positions: the stages after it (or the loop) are light, not slow"
+            )
         fix = (
             "give it workers"  # a parallel stage with workers=0 runs in the calling thread
             if slowest.name in _PARALLEL
