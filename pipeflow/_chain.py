@@ -19,7 +19,7 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._plan import Computed, PassPlan
-from pipeflow._wrappers import Route, cut, guarded, remembering, timed
+from pipeflow._wrappers import Meter, Route, cut, guarded, remembering
 from pipeflow.errors import annotate
 from pipeflow.state import Plan, Progress, plan
 
@@ -177,9 +177,9 @@ def _source(
 
 
 def _wrap(it: Iterator[Any], route: Route, rec: Any, waits: Any) -> Iterator[Any]:
-    """*it* inside the wrappers the loader stacks around a stage: notes, then statistics."""
-    it = guarded(it, route)
-    return timed(it, rec, waits) if rec is not None else it
+    """*it* inside the wrapper the loader puts around a stage: error notes and failure
+    routing, with a meter for the statistics when they are recorded."""
+    return guarded(it, route, Meter(rec, waits) if rec is not None else None)
 
 
 def _routes(planned: PassPlan, epoch: int) -> list[Route]:

@@ -1,7 +1,7 @@
 """See inside a loader: per-stage counts and times, the consumer's wait, and the bottleneck.
 
 Every loader records these as it runs: every item is counted; slow items (batches) are all
-timed, and of fast ones (indices) about one in 64 (see :func:`pipeflow._wrappers.timed`), so the
+timed, and of fast ones (indices) about one in 64 (see :class:`pipeflow._wrappers.Meter`), so the
 cost is nothing measurable. ``loader.stats()`` returns a :class:`Stats`: plain data, whose
 ``str()`` is a table that names the bottleneck and what to try.
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeflow._failure import Failure
-from pipeflow._wrappers import Route, cut, guarded, remembering, timed
+from pipeflow._wrappers import Meter, Route, cut, guarded, remembering
 from pipeflow.errors import StageStuckError
 from pipeflow.stats import StageRecord
 
@@ -76,15 +76,21 @@ def test_guarded_ends_a_stream_that_raises_on_every_next() -> None:
     assert len(stash) == 1001
 
 
-def test_timed_counts_every_item_and_leaves_them_as_they_are() -> None:
+def test_a_meter_counts_every_item_and_leaves_them_as_they_are() -> None:
     rec = StageRecord("s")
-    assert list(timed(iter(range(5000)), rec)) == list(range(5000))
+    assert list(guarded(iter(range(5000)), Route("s", 0), Meter(rec))) == list(range(5000))
     assert rec.items == 5000 and rec.busy_ns > 0
 
 
-def test_timed_counts_what_an_early_close_left() -> None:
+def test_a_meter_counts_failures_as_items() -> None:
     rec = StageRecord("s")
-    it = timed(iter(range(100)), rec)
+    out = list(guarded(_raising_at(list(range(10)), {3, 4}), Route("s", 0), Meter(rec)))
+    assert len(out) == rec.items == 10
+
+
+def test_a_meter_counts_what_an_early_close_left() -> None:
+    rec = StageRecord("s")
+    it = guarded(iter(range(100)), Route("s", 0), Meter(rec))
     for _ in range(7):
         next(it)
     it.close()
