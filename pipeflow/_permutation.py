@@ -42,7 +42,6 @@ changes every shuffled epoch and would be announced as a breaking change.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -51,7 +50,7 @@ import numpy.typing as npt
 
 from pipeflow._random import SHUFFLE, seed_sequence_state, seed_words
 
-__all__ = ["ROUNDS", "SMALL_ROUNDS", "Permutation", "Permuted", "round_keys", "rounds"]
+__all__ = ["ROUNDS", "SMALL_ROUNDS", "Permutation", "round_keys", "rounds"]
 
 #: Feistel rounds (half-updates): each half is updated four times.
 ROUNDS = 8
@@ -277,20 +276,6 @@ class Permutation:
         nanoseconds per index on top of computing it.
         """
         return chain.from_iterable(map(_tolist, self.blocks(start, stop, step)))
-
-
-@dataclass(frozen=True)
-class Permuted:
-    """A fact a full shuffle publishes for the next stage: its input is ``permutation()``'s
-    indices, position by position (see :class:`pipeflow.Context`'s ``facts``)."""
-
-    n: int
-    seed: int
-    epoch: int
-
-    def permutation(self) -> Permutation:
-        """The permutation itself."""
-        return Permutation(self.n, self.seed, self.epoch)
 
 
 def _tolist(block: npt.NDArray[np.int64]) -> list[int]:
