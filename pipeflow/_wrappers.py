@@ -82,6 +82,7 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
     item, because a generator of its own would cost a fast stage a quarter of its rate.
     """
     bypassed, divert, stash = route.bypassed, route.divert, route.stash
+    clock = time.perf_counter_ns
     n = 0  # items handed on (a failure is one)
     mark = 0 if meter is not None else -1  # the number of the next item to time
     stuck = after_failure = 0  # exceptions in a row with no item between; n after the last
@@ -99,7 +100,7 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
                     else:
                         yield item
                     if n == mark:  # the next item is timed: from when it is asked for
-                        meter.asking()  # type: ignore[union-attr]
+                        meter.t = clock()  # type: ignore[union-attr]
                 break
             except Exception as e:
                 failure = _failure(e, route, n)
@@ -168,6 +169,7 @@ class Meter:
     """
 
     __slots__ = ("busy", "flushed", "gap", "lcg", "next_flush", "rec", "t", "waits", "window")
+    t: int  # when the item being timed was asked for (set by guarded, from its own clock)
 
     def __init__(self, rec: Any, waits: deque[int] | None = None) -> None:
         self.rec, self.waits = rec, waits
@@ -175,10 +177,6 @@ class Meter:
         self.gap, self.lcg, self.window = 1, 12345, _Window()
         self.t = time.perf_counter_ns()
         self.next_flush = self.t + _FLUSH_NS
-
-    def asking(self) -> None:
-        """The stage is being asked for an item that is timed."""
-        self.t = time.perf_counter_ns()
 
     def took(self, n: int) -> int:
         """Item *n* (counted from 0) arrived; the number of the next item to time."""
