@@ -2,111 +2,27 @@
 
 :func:`run` is the runner: ``it = stage.apply(it, context, hooks)`` for each stage of the
 loader's plan (:mod:`pipeflow._plan`: a computed source, then the stages that run on
-items), with the wrappers of :mod:`pipeflow._wrappers` stacked around each iterator (error
-notes and failure routing, statistics, resume cuts). What each stage is told comes from
-:func:`_contexts`; where a resumed pass skips what was consumed, from
-:func:`pipeflow.state.plan`. :class:`_Pass` is the consumer's iterator.
+items), with the wrappers of :mod:`pipeflow._wrappers` around each iterator (error notes
+and failure routing with the statistics' meter; resume cuts). What each stage is told comes
+from :func:`_contexts`; where a resumed pass skips what was consumed, from
+:func:`pipeflow.state.plan`. The consumer gets a :class:`~pipeflow._wrappers.Pass`.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._plan import Computed, PassPlan
-from pipeflow._wrappers import Meter, Route, cut, guarded, remembering
+from pipeflow._wrappers import Meter, Pass, Route, close_all, cut, guarded, remembering
 from pipeflow.errors import annotate
 from pipeflow.state import Plan, Progress, plan
 
 __all__ = ["run"]
-
-
-class _Pass:
-    """The consumer's iterator: the last stage's items, a failed one raised at its turn.
-
-    A class, not a generator: a generator that raised is finished, and the next ``next()``
-    must go on with the next item. Counts what it hands out for ``state_dict()``.
-    """
-
-    __slots__ = ("__weakref__", "chain", "closed", "progress", "pull", "record", "started")
-
-    def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
-        self.chain = chain
-        self.progress = progress
-        self.record = record
-        self.started = 0
-        self.closed = False
-        self.pull: Callable[[], Any] = self._first  # then the last stage's __next__
-
-    def __iter__(self) -> _Pass:
-        return self
-
-    def _first(self) -> Any:
-        self.started = time.perf_counter_ns()
-        if self.record is not None:
-            self.record.passes += 1
-        self.pull = self.chain[-1].__next__
-        return self.pull()
-
-    def __next__(self) -> Any:
-        try:
-            item = self.pull()
-        except StopIteration:
-            if not self.closed:
-                self.progress.done = True
-                self.close()
-            raise
-        except BaseException:
-            self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
-            raise
-        self.progress.delivered += 1
-        if item.__class__ is Failure:
-            error = item.error
-            # A stage's frame may still hold the failure: once raised, it must not keep the
-            # exception (whose traceback holds the consumer's frames, and so this pass).
-            item.error = _RAISED
-            del item
-            try:
-                raise error
-            finally:  # the traceback keeps this frame: it must not keep the pass alive
-                del error, self
-        return item
-
-    def close(self) -> None:
-        """Stop the pass: close every stage's iterator, release what they hold."""
-        if self.closed:
-            return
-        self.closed = True
-        self.pull = _ended
-        if self.started and self.record is not None:
-            self.record.wall_ns += time.perf_counter_ns() - self.started
-        _close_all(self.chain)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-_RAISED = RuntimeError("this failure was raised in the consumer already")
-
-
-def _ended() -> Any:
-    raise StopIteration
-
-
-def _close_all(chain: list[Iterator[Any]]) -> None:
-    for link in reversed(chain):
-        close = getattr(link, "close", None)
-        if close is not None:
-            try:
-                close()
-            except ValueError as e:  # running in another thread right now (a thread worker's
-                if "already executing" not in str(e):  # replica): it ends there on its own
-                    raise
 
 
 def run(
@@ -152,9 +68,9 @@ def run(
             chain.append(_wrap(it, routes[i + 1], recs[i + 1], waits if last else None))
     except Exception as e:
         annotate(e, routes[len(chain)].name, context.epoch)
-        _close_all(chain)
+        close_all(chain)
         raise
-    return _Pass(chain, progress, record)
+    return Pass(chain, progress, record)
 
 
 def _source(

@@ -11,6 +11,8 @@ stage's iterator it stacks, innermost first:
 - :func:`cut` — resumption: drops the outputs a resumed pass replayed (only on such a pass).
 
 and :func:`remembering` after a dataset-reading stage's input, so that errors name the keys.
+Outermost, the consumer holds a :class:`Pass`: it raises a failed item at its turn and counts
+what it hands out for ``state_dict()``.
 Each can be read, named and removed alone. The meter is not a generator of its own because a
 generator step per item per stage is the cost that matters for fast items: stacked as a
 wrapper of its own it took 24% off a per-sample pipeline's rate (``from_iterable | map |
@@ -22,14 +24,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeflow._failure import Failure
 from pipeflow.errors import StageStuckError, annotate
+from pipeflow.state import Progress
 
-__all__ = ["Meter", "Route", "cut", "guarded", "remembering"]
+__all__ = ["Meter", "Pass", "Route", "close_all", "cut", "guarded", "remembering"]
 
 #: A fast stream has one item in about 64 timed, at irregular gaps (33 to 96 items, from a
 #: small generator) so that a periodic cost is not always hit or always missed.
@@ -245,3 +248,87 @@ def remembering(keys: Iterator[Any], cell: list[Any]) -> Iterator[Any]:
     for key in keys:
         cell[0] = key
         yield key
+
+
+# -- the consumer's iterator ------------------------------------------------------------
+class Pass:
+    """The consumer's iterator: the last stage's items, a failed one raised at its turn.
+
+    A class, not a generator: a generator that raised is finished, and the next ``next()``
+    must go on with the next item. Counts what it hands out for ``state_dict()``.
+    """
+
+    __slots__ = ("__weakref__", "chain", "closed", "progress", "pull", "record", "started")
+
+    def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
+        self.chain = chain
+        self.progress = progress
+        self.record = record
+        self.started = 0
+        self.closed = False
+        self.pull: Callable[[], Any] = self._first  # then the last stage's __next__
+
+    def __iter__(self) -> Pass:
+        return self
+
+    def _first(self) -> Any:
+        self.started = time.perf_counter_ns()
+        if self.record is not None:
+            self.record.passes += 1
+        self.pull = self.chain[-1].__next__
+        return self.pull()
+
+    def __next__(self) -> Any:
+        try:
+            item = self.pull()
+        except StopIteration:
+            if not self.closed:
+                self.progress.done = True
+                self.close()
+            raise
+        except BaseException:
+            self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
+            raise
+        self.progress.delivered += 1
+        if item.__class__ is Failure:
+            error = item.error
+            # A stage's frame may still hold the failure: once raised, it must not keep the
+            # exception (whose traceback holds the consumer's frames, and so this pass).
+            item.error = _RAISED
+            del item
+            try:
+                raise error
+            finally:  # the traceback keeps this frame: it must not keep the pass alive
+                del error, self
+        return item
+
+    def close(self) -> None:
+        """Stop the pass: close every stage's iterator, release what they hold."""
+        if self.closed:
+            return
+        self.closed = True
+        self.pull = _ended
+        if self.started and self.record is not None:
+            self.record.wall_ns += time.perf_counter_ns() - self.started
+        close_all(self.chain)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_RAISED = RuntimeError("this failure was raised in the consumer already")
+
+
+def _ended() -> Any:
+    raise StopIteration
+
+
+def close_all(chain: list[Iterator[Any]]) -> None:
+    for link in reversed(chain):
+        close = getattr(link, "close", None)
+        if close is not None:
+            try:
+                close()
+            except ValueError as e:  # running in another thread right now (a thread worker's
+                if "already executing" not in str(e):  # replica): it ends there on its own
+                    raise
