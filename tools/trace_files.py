@@ -14,11 +14,14 @@ pipeflow source files whose Python functions run:
   the ``next()`` calls that take those batches;
 - in each worker, with a profiler that ``worker_init`` installs and that the dataset turns on
   at the first sample of the first recorded batch and off at the first sample after the last
-  one (what a worker runs between the two is its steady state). Each worker writes the files
-  it saw to a file in a temporary folder as it first sees them.
+  one (what a worker runs between the two is its steady state), and off for good once the main
+  process has the last traced batch. Each worker writes the functions it saw to a file in a
+  temporary folder as it first sees them.
 
-It prints the main process's files, the workers', their union and its count, and exits 1 when
-the union has more than ``--max`` files.
+It prints the main process's files, the workers', their union and its count (each file with
+the functions of it that ran), and exits 1 when the union has more than ``--max`` files. What
+runs by the clock rather than per batch (:data:`CLOCK`: the statistics' time series) is shown
+apart and not counted.
 """
 
 from __future__ import annotations
@@ -42,25 +45,35 @@ import pipeflow as pf  # noqa: E402
 
 PACKAGE = str(Path(pf.__file__).resolve().parent) + os.sep
 OUT_ENV = "PIPEFLOW_TRACE_DIR"
+#: Functions that run when a clock says so, not for each batch: the loader's statistics take
+#: a point of their time series every 0.1 s (``StageRecord.sample``), so a slow run of the
+#: traced batches (a loaded machine) calls it and a fast one may not. A file whose only calls
+#: are these is shown apart and not counted.
+CLOCK = {(PACKAGE + "stats.py", "sample")}
 
 
 class Recorder:
-    """The pipeflow files whose functions are called while it is on (a profile function)."""
+    """The pipeflow functions called while it is on (a profile function), as
+    ``(file, function)``."""
 
     def __init__(self, sink: Path | None = None) -> None:
-        self.files: set[str] = set()
+        self.seen: set[tuple[str, str]] = set()
         self.on = False
-        self.sink = sink  # a worker writes each new file here at once
+        self.sink = sink  # a worker writes each new one here at once
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.on or event != "call":
             return
-        name = frame.f_code.co_filename
-        if name.startswith(PACKAGE) and name not in self.files:
-            self.files.add(name)
+        code = frame.f_code
+        key = (code.co_filename, code.co_name)
+        if key not in self.seen and key[0].startswith(PACKAGE):
+            if self.sink is not None and (self.sink.parent / "stop").exists():
+                self.on = False  # the traced batches are all delivered: shutting down now
+                return
+            self.seen.add(key)
             if self.sink is not None:
                 with self.sink.open("a") as f:
-                    f.write(name + "\n")
+                    f.write(f"{key[0]} {key[1]}\n")
 
 
 _WORKER: Recorder | None = None
@@ -91,8 +104,11 @@ class Samples:
         return self.data[i]
 
 
-def trace(batches: int, batch_size: int, warmup: int) -> tuple[set[str], set[str]]:
-    """The files that ran in the main process and in the workers for *batches* batches."""
+Calls = set[tuple[str, str]]  # (file, function)
+
+
+def trace(batches: int, batch_size: int, warmup: int) -> tuple[Calls, Calls]:
+    """The functions that ran in the main process and in the workers for *batches* batches."""
     ahead = 8  # batches the workers may run past the last recorded one (in flight)
     n = (warmup + batches + ahead) * batch_size
     ds = Samples(n, warmup * batch_size, (warmup + batches) * batch_size)
@@ -122,18 +138,26 @@ def trace(batches: int, batch_size: int, warmup: int) -> tuple[set[str], set[str
             main.on = False
             sys.setprofile(None)
             threading.setprofile(None)  # type: ignore[arg-type]
+        (Path(tmp) / "stop").touch()  # a worker that made none of the batches after them
         it.close()  # type: ignore[attr-defined]
         loader.close()
-        worker: set[str] = set()
+        worker: Calls = set()
         for path in Path(tmp).glob("worker-*.txt"):
-            worker.update(path.read_text().split())
-    return main.files, worker
+            words = path.read_text().split()
+            worker.update(zip(words[::2], words[1::2]))
+    return main.seen, worker
 
 
-def _show(title: str, files: set[str]) -> None:
-    print(f"{title} ({len(files)}):")
-    for name in sorted(files):
-        print(f"  {os.path.relpath(name, ROOT)}")
+def _per_batch(calls: Calls) -> set[str]:
+    """The files of *calls*, less those whose only calls are by the clock (:data:`CLOCK`)."""
+    return {f for f, _ in calls - CLOCK}
+
+
+def _show(title: str, names: set[str], calls: Calls) -> None:
+    print(f"{title} ({len(names)}):")
+    for name in sorted(names):
+        fns = sorted(fn for f, fn in calls if f == name)
+        print(f"  {os.path.relpath(name, ROOT)}  ({', '.join(fns)})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,11 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=6, help="batches before tracing")
     parser.add_argument("--max", type=int, default=12, help="fail above this many files")
     args = parser.parse_args(argv)
-    main_files, worker_files = trace(args.batches, args.batch_size, args.warmup)
-    _show("main process", main_files)
-    _show("workers", worker_files)
+    main_calls, worker_calls = trace(args.batches, args.batch_size, args.warmup)
+    every = main_calls | worker_calls
+    main_files, worker_files = _per_batch(main_calls), _per_batch(worker_calls)
+    _show("main process", main_files, main_calls)
+    _show("workers", worker_files, worker_calls)
     union = main_files | worker_files
-    _show("union", union)
+    _show("union", union, every)
+    clock = {f for f, _ in every} - union
+    if clock:
+        _show("by the clock, not per batch (not counted)", clock, every)
     print(f"files: {len(union)} (at most {args.max})")
     return 0 if len(union) <= args.max else 1
 
