@@ -16,8 +16,7 @@ from itertools import repeat
 from typing import Any, Protocol
 
 from pipeflow.errors import describe_indices
-from pipeflow.parallel._jobs import describe_item
-from pipeflow.parallel._wire import Reply
+from pipeflow.parallel._wire import Reply, describe_item
 
 __all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "PoolDefaults", "held"]
 

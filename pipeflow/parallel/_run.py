@@ -24,11 +24,10 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure, WithDropped
 from pipeflow.errors import WorkerTimeoutError
-from pipeflow.parallel._jobs import Exhausted, PassNote, describe_item
 from pipeflow.parallel._kept import Kept
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings
-from pipeflow.parallel._wire import Reply
+from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
 from pipeflow.state import numbered, recording
 
 __all__ = ["run_parallel"]
@@ -99,8 +98,9 @@ def _results(
     list at a time: the work here per item is a few operations in C, not a Python loop, so
     that it takes the workers' GIL (threads, event loops) as little as it can.
     """
-    pool.start_pass(config.in_flight)
-    epoch, bound = context.epoch, pool.backlog(config.in_flight)
+    in_flight = config.in_flight  # a property: read once
+    pool.start_pass(in_flight)
+    epoch, bound = context.epoch, pool.backlog(in_flight)
     sent = received = 0
     seq = context.offset  # a source's items are numbered from here
     waiting: list[tuple[int, Any]] = []  # items taken that no worker had room for yet
@@ -139,7 +139,7 @@ def _results(
             raise WorkerTimeoutError(msg)
         received += len(got)
         if stats is not None:  # queue occupancy and per-item times, for loader.stats()
-            stats.in_flight += min(sent - done[0], config.in_flight)
+            stats.in_flight += min(sent - done[0], in_flight)
             stats.in_flight_samples += 1
             took = list(map(_took, got))
             stats.task_ns.extend(took)

@@ -56,12 +56,10 @@ class Settings:
     def make_pool(self, job: Any, name: str, base_seed: int) -> Any:
         """Start a pool of this stage's backend (its workers start lazily): worker processes,
         threads, or event loops (in threads of this process, or one in each worker process)."""
-        common: dict[str, Any] = {
-            "name": name,
-            "worker_init": self.worker_init,
-            "base_seed": base_seed,
-            "round_robin": self.round_robin,
-        }
+        from pipeflow.parallel._worker import WorkerSpec
+
+        spec = WorkerSpec(job, 0, self.workers, base_seed, self.worker_init)
+        common: dict[str, Any] = {"name": name, "round_robin": self.round_robin}
         if self.backend == "process":
             from pipeflow.parallel._processes import ProcessPool
             from pipeflow.parallel._warm import warm_context
@@ -73,14 +71,14 @@ class Settings:
             mp = self.mp_context
             given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
             context = warm_context(given or multiprocessing.get_context(mp))
-            return ProcessPool(job, self.workers, context=context, **common)
+            return ProcessPool(spec, context=context, **common)
         if self.coroutines:
             from pipeflow.parallel._aio import LoopPool
 
-            return LoopPool(job, self.workers, **common)
+            return LoopPool(spec, **common)
         from pipeflow.parallel._threads import ThreadPool
 
-        return ThreadPool(job, self.workers, **common)
+        return ThreadPool(spec, **common)
 
     def describe(self, name: str, first: str) -> str:
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""
