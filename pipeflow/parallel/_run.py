@@ -24,7 +24,7 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure, WithDropped
 from pipeflow.errors import WorkerTimeoutError
-from pipeflow.parallel._kept import Kept
+from pipeflow.parallel._kept import Kept, make_pool
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
@@ -61,7 +61,7 @@ def run_parallel(
     kept = hooks.resources.setdefault("pool", Kept())
     pool, borrowed = kept.borrow(
         config,
-        lambda: config.make_pool(job, name, config.base_seed(context)),
+        lambda: make_pool(config, job, name, config.base_seed(context)),
         getattr(job, "facts", None),
     )
     kept.passes[context.epoch] = pool
