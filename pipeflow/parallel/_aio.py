@@ -38,7 +38,7 @@ from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["LoopPool"]
 
-_worker = operator.itemgetter(3)  # of a Reply
+_worker = operator.attrgetter("worker")  # of a Reply, over a list of them in C
 
 
 class LoopPool(InProcessPool):

@@ -315,7 +315,7 @@ class _Link(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             for reply in replies:  # nobody will read them: their segments go now
                 if reply.kind == "ok" and reply.payload.segment is not None:
-                    _segments.discard(reply.payload.segment[0])
+                    _segments.discard(reply.payload.segment.name)
             return
         data = pickle.dumps(replies, protocol=5)
         size = len(data)

@@ -364,7 +364,7 @@ class ProcessPool(PoolDefaults):
                 while c.poll():
                     for reply in _replies(c.recv_bytes()):
                         if reply.kind == "ok" and reply.payload.segment is not None:
-                            _segments.discard(reply.payload.segment[0])
+                            _segments.discard(reply.payload.segment.name)
             except (EOFError, OSError):
                 pass
             c.close()

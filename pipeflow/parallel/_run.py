@@ -76,8 +76,8 @@ def run_parallel(
         kept.give_back(pool, borrowed)
 
 
-# Fields of a Reply (a NamedTuple), read in C over a whole list of them.
-_kind, _seq, _took, _payload = (operator.itemgetter(i) for i in (1, 2, 4, 5))
+# Fields of a Reply (a NamedTuple), read by name in C over a whole list of them.
+_kind, _seq, _took, _payload = map(operator.attrgetter, ("kind", "seq", "took", "payload"))
 _ONLY_OK = frozenset(("ok",))
 
 

@@ -16,7 +16,7 @@ import errno
 import mmap
 import os
 import tempfile
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ALIGN",
@@ -35,10 +35,20 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 INLINE_LIMIT = 64 * 1024
 ALIGN = 64
 
-#: A segment description in a reply: ``(name, seg_id, capacity)``. *name* is set when the
-#: segment is new (the main process maps it, then unlinks it); *seg_id* is ``-1`` for a
-#: segment the worker did not keep (used once).
-Segment = tuple[str | None, int, int]
+
+class Segment(NamedTuple):
+    """Where a result's buffers lie, as a reply describes it.
+
+    Attributes:
+        name: the file's name when the segment is new (the main process maps it, then
+            unlinks it); ``None`` for a kept segment the main process has mapped already.
+        seg_id: the worker's number for a segment it keeps; ``-1`` for one used once.
+        capacity: the segment's size in bytes.
+    """
+
+    name: str | None
+    seg_id: int
+    capacity: int
 
 
 def segment_prefix(parent_pid: int, pool_id: int, worker_id: int | None = None) -> str:

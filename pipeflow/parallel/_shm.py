@@ -140,7 +140,7 @@ class Writer:
             placed = self._place(raws)
             if placed is not None:
                 used, self.reserved = self.reserved, None
-                return data, (None, used, self.sizes[used]), placed, self._told()
+                return data, Segment(None, used, self.sizes[used]), placed, self._told()
             self.unreserve()
         iov: list[Any] = []
         layout: list[tuple[int, int]] = []
@@ -156,7 +156,7 @@ class Writer:
         reuse = self._reusable(offset)
         if reuse is not None:
             self._copy_into(reuse, iov)
-            return data, (None, reuse, self.sizes[reuse]), layout, self._told()
+            return data, Segment(None, reuse, self.sizes[reuse]), layout, self._told()
         name = f"{self.prefix}{self.count}"
         seg_id = self.count if len(self.fds) < self.keep else -1
         self.count += 1
@@ -166,7 +166,7 @@ class Writer:
             os.close(fd)
         else:
             self.fds[seg_id], self.sizes[seg_id] = fd, size
-        return data, (name, seg_id, size), layout, self._told()
+        return data, Segment(name, seg_id, size), layout, self._told()
 
     def _told(self) -> list[int]:
         """The dropped segments, to tell the main process with this result."""
@@ -281,10 +281,10 @@ class Reader:
         if segment is None:
             return pickle.loads(data, buffers=layout)
         base = self._map(wid, segment)
-        if segment[1] >= 0:
+        if segment.seg_id >= 0:
             import numpy as np
 
-            base = np.asarray(_Lease(base, (wid, segment[1]), self.freed.append))
+            base = np.asarray(_Lease(base, (wid, segment.seg_id), self.freed.append))
         return pickle.loads(data, buffers=[base[o : o + n] for o, n in layout])
 
     def _map(self, wid: int, segment: Segment) -> Any:

@@ -19,7 +19,7 @@ from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["ThreadPool"]
 
-_kind = operator.itemgetter(1)  # of a Reply
+_kind = operator.attrgetter("kind")  # of a Reply, over a list of them in C
 
 
 class ThreadPool(InProcessPool):

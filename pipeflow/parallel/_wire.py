@@ -13,6 +13,7 @@ import traceback
 from typing import Any, Literal, NamedTuple
 
 from pipeflow.errors import WorkerError, _RemoteTraceback
+from pipeflow.parallel._segments import Segment
 
 __all__ = [
     "Encoded",
@@ -51,7 +52,7 @@ class Encoded(NamedTuple):
     """A result pickled by :class:`~pipeflow.parallel._shm.Writer`."""
 
     data: bytes
-    segment: tuple[str | None, int, int] | None
+    segment: Segment | None
     layout: list[Any]
     retired: list[int]
 

@@ -299,7 +299,7 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
             send(pickle.dumps(reply, protocol=5))
         except (BrokenPipeError, OSError):
             if reply.kind == "ok" and reply.payload.segment is not None:
-                _segments.discard(reply.payload.segment[0])
+                _segments.discard(reply.payload.segment.name)
             break
     writer.close()
     conn.close()
