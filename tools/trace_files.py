@@ -91,8 +91,8 @@ def worker_init(worker_id: int) -> None:
 class Samples:
     """A small numpy dataset; its samples in ``[start, stop)`` are the recorded ones."""
 
-    def __init__(self, n: int, start: int, stop: int) -> None:
-        self.data = np.arange(n * 16, dtype=np.float32).reshape(n, 16)
+    def __init__(self, n: int, start: int, stop: int, width: int = 16) -> None:
+        self.data = np.arange(n * width, dtype=np.float32).reshape(n, width)
         self.start, self.stop = start, stop
 
     def __len__(self) -> int:
@@ -107,11 +107,11 @@ class Samples:
 Calls = set[tuple[str, str]]  # (file, function)
 
 
-def trace(batches: int, batch_size: int, warmup: int) -> tuple[Calls, Calls]:
+def trace(batches: int, batch_size: int, warmup: int, width: int = 16) -> tuple[Calls, Calls]:
     """The functions that ran in the main process and in the workers for *batches* batches."""
     ahead = 8  # batches the workers may run past the last recorded one (in flight)
     n = (warmup + batches + ahead) * batch_size
-    ds = Samples(n, warmup * batch_size, (warmup + batches) * batch_size)
+    ds = Samples(n, warmup * batch_size, (warmup + batches) * batch_size, width)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ[OUT_ENV] = tmp
         loader = (
@@ -165,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=20, help="steady-state batches traced")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=6, help="batches before tracing")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=16,
+        help="float32 values per sample (a batch of 64 KiB or more travels in shared memory)",
+    )
     parser.add_argument("--max", type=int, default=12, help="fail above this many files")
     args = parser.parse_args(argv)
-    main_calls, worker_calls = trace(args.batches, args.batch_size, args.warmup)
+    main_calls, worker_calls = trace(args.batches, args.batch_size, args.warmup, args.width)
     every = main_calls | worker_calls
     main_files, worker_files = _per_batch(main_calls), _per_batch(worker_calls)
     _show("main process", main_files, main_calls)
