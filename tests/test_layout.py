@@ -17,13 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pipeflow"
 MAX_FUNCTION_LINES = 50
 #: Scripts, not the engine: the command line and the demo read top to bottom.
 EXEMPT = frozenset({"pipeflow.__main__", "pipeflow.demo"})
-# Functions over the limit in modules other engineers are reworking right now (the runner in
-# _chain, parallel/ cut by concern). The lead empties this set after merging their branches;
-# a name here that is no longer over the limit fails the test, so the set only shrinks.
-PENDING = {
-    "pipeflow.parallel._processes:ProcessPool.__init__",
-    "pipeflow.parallel._run:_results",
-}
 
 
 def module_name(path: Path) -> str:
@@ -188,17 +181,14 @@ class Box:
 
 def test_no_function_is_over_50_lines_of_code() -> None:
     """No function or method of the package outside ``__main__`` and ``demo`` has more than 50
-    lines of code, bar the ones in ``PENDING``.
+    lines of code.
 
     Lines of code: from the ``def`` line (decorators left out) to the last, the lines holding a
     code token, so not blank lines, comments or docstrings; a nested function's lines count in
     its parent too (see :func:`function_lengths`).
     """
     long = long_functions()
-    assert {name: n for name, n in long.items() if name not in PENDING} == {}
-    assert set(long) >= PENDING, (
-        f"no longer over the limit, drop from PENDING: {PENDING - set(long)}"
-    )
+    assert long == {}
 
 
 def test_collate_never_imports_the_parallel_package() -> None:

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 import pipeflow as pf
 from pipeflow import _alloc
 from pipeflow.parallel import _segments
-from pipeflow.parallel._reader import Reader
-from pipeflow.parallel._writer import Writer
+from pipeflow.parallel._shm import Reader, Writer
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
 
@@ -224,8 +223,8 @@ import sys, os, gc
 import numpy as np
 from pipeflow import _alloc
 from pipeflow.parallel import _segments
-from pipeflow.parallel._reader import Reader
-from pipeflow.parallel._writer import Writer
+from pipeflow.parallel._shm import Reader
+from pipeflow.parallel._shm import Writer
 from tests.test_shm import Link
 _segments.SHM_DIR = sys.argv[1]
 link = Link()

@@ -1,12 +1,12 @@
 """Parallel stages: ``parallel_map`` over threads or processes, and ``parallel_source``.
 
-The layout, top-down: :mod:`._map` (the stage's generator, in-flight bound, reordering),
-:mod:`._protocol` (what a pool offers), :mod:`._threads` and :mod:`._processes` (the pools),
-:mod:`._worker` (what a worker runs; :mod:`._jobs`: a ``parallel_source`` worker's replica),
-:mod:`._wire` (the records between
-them), :mod:`._writer`, :mod:`._reader` and :mod:`._segments` (results through shared memory).
-Coroutine functions: :mod:`._aio` (event loops in threads, a pool) and :mod:`._aio_worker`
-(what a loop runs, in a thread or in a worker process).
+One batch's path, top-down: :mod:`._map` and :mod:`._source` (the stages), :mod:`._run` (a
+pass: the in-flight bound and the reordering), :mod:`._processes`, :mod:`._threads` and
+:mod:`._aio` (the pools, behind :mod:`._protocol`; :mod:`._kept` builds or keeps one),
+:mod:`._worker` (the jobs and a process worker's loop), :mod:`._shm` (a result's way back
+through shared memory; :mod:`._segments` makes the files) and :mod:`._wire` (the records
+between them). Coroutine functions: :mod:`._aio` (event loops in threads) and
+:mod:`._aio_worker` (what a loop runs, in a thread or in a worker process).
 """
 
 from pipeflow.parallel._map import parallel_map

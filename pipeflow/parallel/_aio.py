@@ -30,14 +30,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeflow.parallel._aio_worker import CANCEL_GRACE, CoroutineJob, LoopRunner
+from pipeflow.parallel._aio_worker import CANCEL_GRACE, LoopRunner
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._wire import Reply, Task, reply, tasks
+from pipeflow.parallel._worker import WorkerSpec
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["LoopPool"]
 
-_worker = operator.itemgetter(3)  # of a Reply
+_worker = operator.attrgetter("worker")  # of a Reply, over a list of them in C
 
 
 class LoopPool(InProcessPool):
@@ -45,23 +46,15 @@ class LoopPool(InProcessPool):
 
     worker_kind = "event-loop thread"
 
-    def __init__(
-        self,
-        job: CoroutineJob,
-        workers: int,
-        *,
-        name: str,
-        worker_init: Any,
-        base_seed: int,
-        round_robin: bool,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
+        """*spec*: what each loop starts with (its ``worker_id`` set per loop)."""
+        workers = spec.num_workers
         super().__init__(name, workers, round_robin)
         self.load = [0] * workers  # items of this pass on each loop
         self.usable = list(range(workers))  # the loops with a share of max_in_flight
         self._rr = itertools.cycle(self.usable)
         self.loops = [
-            _Loop(job, wid, workers, base_seed + wid, worker_init, self.results, name)
-            for wid in range(workers)
+            _Loop(spec._replace(worker_id=wid), self.results, name) for wid in range(workers)
         ]
         LIVE.add(self)
 
@@ -145,19 +138,14 @@ class _Loop:
     per item would hand the GIL back and forth per item, which costs more than the item."""
 
     def __init__(
-        self,
-        job: CoroutineJob,
-        wid: int,
-        workers: int,
-        seed: int,
-        worker_init: Any,
-        results: queue.SimpleQueue[list[Reply]],
-        name: str,
+        self, spec: WorkerSpec, results: queue.SimpleQueue[list[Reply]], name: str
     ) -> None:
+        job, wid = spec.job, spec.worker_id
         self.wid = wid
         self.results = results
-        self.worker_init = worker_init
-        self.info = WorkerInfo(wid, workers, seed, job.dataset, "thread", os.getpid())
+        self.worker_init = spec.worker_init
+        seed = spec.base_seed + wid
+        self.info = WorkerInfo(wid, spec.num_workers, seed, job.dataset, "thread", os.getpid())
         self.inbox: collections.deque[Task] = collections.deque()
         self.woken = False
         self.ready = False  # worker_init has run: tasks may start

@@ -29,10 +29,15 @@ from typing import Any
 
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
-from pipeflow.parallel._jobs import describe_item
-from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
-from pipeflow.parallel._worker import MapJob, _tell_torch, _wait_for_stop, start_process_worker
-from pipeflow.parallel._writer import Writer
+from pipeflow.parallel._shm import Writer
+from pipeflow.parallel._wire import Encoded, Reply, Task, describe_item, remote_error
+from pipeflow.parallel._worker import (
+    MapJob,
+    WorkerSpec,
+    _tell_torch,
+    _wait_for_stop,
+    start_process_worker,
+)
 
 __all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]
 
@@ -169,26 +174,15 @@ class LoopRunner:
 
 
 # -- process workers -------------------------------------------------------------------------
-def aio_process_main(
-    conn: Any,
-    job: Any,
-    worker_id: int,
-    num_workers: int,
-    base_seed: int,
-    worker_init: Any,
-    main_pid: int,
-    prefix: str,
-) -> None:
+def aio_process_main(conn: Any, spec: WorkerSpec) -> None:
     """A coroutine worker process: set up as :func:`~pipeflow.parallel._worker.process_main`
     does, then run one event loop that reads tasks from the pipe while items are in flight."""
-    init = None if worker_init is None else _Init(worker_init)
-    started = start_process_worker(
-        conn, job, worker_id, num_workers, base_seed, init, main_pid, prefix, defer_torch=False
-    )
+    init = None if spec.worker_init is None else _Init(spec.worker_init)
+    started = start_process_worker(conn, spec._replace(worker_init=init), defer_torch=False)
     if started is None:
         return
-    job = started[0]
-    writer = Writer(prefix)
+    job, worker_id = started[0], spec.worker_id
+    writer = Writer(spec.prefix)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -321,7 +315,7 @@ class _Link(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             for reply in replies:  # nobody will read them: their segments go now
                 if reply.kind == "ok" and reply.payload.segment is not None:
-                    _segments.discard(reply.payload.segment[0])
+                    _segments.discard(reply.payload.segment.name)
             return
         data = pickle.dumps(replies, protocol=5)
         size = len(data)

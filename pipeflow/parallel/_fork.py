@@ -1,13 +1,53 @@
-"""Forking well: the heap frozen while fork workers live, the source cache warmed once."""
+"""Starting worker processes well: for fork, the heap frozen while fork workers live and the
+source cache warmed once; for spawn and forkserver, the job pickled once, before any starts."""
 
 from __future__ import annotations
 
 import gc
+import pickle
 import sys
+from typing import Any
 
-__all__ = ["Freeze", "warm_source_cache"]
+__all__ = ["Freeze", "prepared", "warm_source_cache"]
 
 _WARMED: list[bool] = []
+
+
+def prepared(spec: Any, method: str, name: str) -> Any:
+    """*spec* (a :class:`~pipeflow.parallel._worker.WorkerSpec`) ready for workers of start
+    *method*. For fork this process is warmed once (numpy's random module, which each worker
+    seeds, imported here; the source cache read); otherwise the job and ``worker_init`` are
+    pickled once, here, so that one that can't be pickled fails before any worker starts."""
+    if method == "fork":
+        if "numpy" in sys.modules:
+            import numpy.random  # noqa: F401
+        warm_source_cache()
+        return spec
+    init = _pickled(spec.worker_init, "worker_init", method, name) if spec.worker_init else None
+    return spec._replace(job=_pickled(spec.job, "fn", method, name), worker_init=init)
+
+
+def _pickled(obj: Any, what: str, method: str, name: str) -> Any:
+    """*obj* pickled; or *obj* itself when it holds what only a starting process may
+    pickle (a Lock, Event, Queue: multiprocessing pickles it then, as torch's workers get
+    their dataset)."""
+    try:
+        return pickle.dumps(obj)
+    except RuntimeError as e:
+        if "through inheritance" in str(e):
+            return obj
+        raise _unpicklable(what, method, name, e) from e
+    except Exception as e:
+        raise _unpicklable(what, method, name, e) from e
+
+
+def _unpicklable(what: str, method: str, name: str, e: Exception) -> TypeError:
+    msg = (
+        f"parallel stage {name!r}: {what} can't be pickled for the "
+        f"{method!r} start method ({type(e).__name__}: {e}); define it at module "
+        "level (not a lambda or a local function), or use the 'fork' start method"
+    )
+    return TypeError(msg)
 
 
 def warm_source_cache() -> None:

@@ -1,14 +1,51 @@
-"""The pool a parallel stage keeps between a loader's passes (``persistent=True``)."""
+"""The pool a pass runs on: which one a stage's settings ask for (:func:`make_pool`), and the
+one a parallel stage keeps between a loader's passes (``persistent=True``)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeflow.parallel._settings import Settings
 
-__all__ = ["Kept"]
+__all__ = ["Kept", "make_pool"]
+
+
+def make_pool(config: Settings, job: Any, name: str, base_seed: int) -> Any:
+    """Start a pool of *config*'s backend (its workers start lazily): worker processes,
+    threads, or event loops (in threads of this process, or one in each worker process)."""
+    from pipeflow.parallel._worker import WorkerSpec
+
+    spec = WorkerSpec(job, 0, config.workers, base_seed, config.worker_init)
+    if config.backend == "process":
+        from pipeflow.parallel._processes import ProcessPool
+        from pipeflow.parallel._warm import warm_context
+
+        mp = config.mp_context
+        given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
+        context = warm_context(given or multiprocessing.get_context(mp))
+        if not config.coroutines:
+            return ProcessPool(spec, name=name, round_robin=config.round_robin, context=context)
+        from pipeflow.parallel._aio_worker import aio_process_main
+
+        return ProcessPool(
+            spec,
+            name=name,
+            round_robin=config.round_robin,
+            context=context,
+            target=aio_process_main,
+            concurrent=True,
+        )
+    if config.coroutines:
+        from pipeflow.parallel._aio import LoopPool
+
+        return LoopPool(spec, name=name, round_robin=config.round_robin)
+    from pipeflow.parallel._threads import ThreadPool
+
+    return ThreadPool(spec, name=name, round_robin=config.round_robin)
 
 
 class Kept:

@@ -3,7 +3,7 @@
 Workers start when first given a task (the first is working while the next one forks), get
 tasks round-robin (torch's order) or by least load, and answer with
 :class:`~pipeflow.parallel._wire.Reply` records whose large buffers travel in shared memory
-(:mod:`pipeflow.parallel._writer` there, :mod:`pipeflow.parallel._reader` here). A worker
+(:mod:`pipeflow.parallel._shm`: its ``Writer`` there, its ``Reader`` here). A worker
 that dies is named, with its pid, exit code or signal and the sample indices it held.
 """
 
@@ -17,17 +17,16 @@ import os
 import pickle
 import select
 import signal
-import sys
 import time
 from typing import Any
 
 from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
-from pipeflow.parallel._fork import Freeze, warm_source_cache
+from pipeflow.parallel._fork import Freeze, prepared
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, PoolDefaults, held
-from pipeflow.parallel._reader import Reader
-from pipeflow.parallel._wire import Encoded, Reply, Task, raise_remote, replies
-from pipeflow.parallel._worker import process_main
+from pipeflow.parallel._shm import Reader
+from pipeflow.parallel._wire import Encoded, Reply, Task, raise_remote
+from pipeflow.parallel._worker import WorkerSpec, process_main
 
 __all__ = ["ProcessPool"]
 
@@ -42,6 +41,13 @@ def _readable(conn: Any) -> bool:
     return bool(select.select((conn,), (), (), 0)[0])
 
 
+def _replies(msg: bytes) -> list[Reply]:
+    """A worker's message: one reply, or a list of them (a coroutine worker's loop sends all
+    the replies of one turn together)."""
+    loaded = pickle.loads(msg)
+    return loaded if isinstance(loaded, list) else [loaded]
+
+
 class ProcessPool(PoolDefaults):
     """Worker processes, each with its own duplex pipe; results come back via shared memory."""
 
@@ -49,20 +55,20 @@ class ProcessPool(PoolDefaults):
 
     def __init__(
         self,
-        job: Any,
-        workers: int,
+        spec: WorkerSpec,
         *,
         name: str,
-        context: multiprocessing.context.BaseContext,
-        worker_init: Any,
-        base_seed: int,
         round_robin: bool,
+        context: multiprocessing.context.BaseContext,
         target: Any = process_main,
         concurrent: bool = False,
     ) -> None:
-        """*target* is the workers' main function; *concurrent*: each worker runs many tasks
-        at once (event loops), so it gets its full share of ``max_in_flight`` from the start
-        and is never taken for stuck behind a slow task."""
+        """*spec* is what each worker starts with (its id and segment prefix set per worker);
+        *target* is the workers' main function, called as ``target(conn, spec)``;
+        *concurrent*: each worker runs many tasks at once (event loops), so it gets its full
+        share of ``max_in_flight`` from the start and is never taken for stuck behind a slow
+        task."""
+        workers = spec.num_workers
         self.target = target
         self.concurrent = concurrent
         self.name = name
@@ -87,16 +93,8 @@ class ProcessPool(PoolDefaults):
         self.warm = [False] * workers  # a worker's first result also timed its start-up
         self.rr_next = 0  # round robin: the worker the next task goes to
         self.first_start: float | None = None  # when the first worker started
-        if self.method == "fork":
-            payload, init = job, worker_init
-            if "numpy" in sys.modules:  # each worker seeds it: import it once, here, not in each
-                import numpy.random  # noqa: F401
-            warm_source_cache()
-        else:  # pickled once here, so an unpicklable fn fails before any worker starts
-            payload = self._pickle(job, "fn")
-            init = self._pickle(worker_init, "worker_init") if worker_init else None
         self.context = context
-        self.spawn_args = (payload, workers, base_seed, init, os.getpid())
+        self.spec = prepared(spec, self.method, name)._replace(main_pid=os.getpid())
         self.conns: list[Any] = [None] * workers
         self.procs: list[Any] = [None] * workers
         self.by_fd: dict[int, int] = {}
@@ -108,20 +106,12 @@ class ProcessPool(PoolDefaults):
     def _start(self, wid: int) -> None:
         """Start worker *wid*. Workers start when first given a task, so the first one is
         already working while the next one forks."""
-        payload, workers, base_seed, init, main_pid = self.spawn_args
+        prefix = _segments.segment_prefix(self.spec.main_pid, self.pool_id, wid)
+        spec = self.spec._replace(worker_id=wid, prefix=prefix)
         here, there = self.context.Pipe(duplex=True)
         proc = self.context.Process(  # type: ignore[attr-defined]
             target=self.target,
-            args=(
-                there,
-                payload,
-                wid,
-                workers,
-                base_seed,
-                init,
-                main_pid,
-                _segments.segment_prefix(main_pid, self.pool_id, wid),
-            ),
+            args=(there, spec),
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
@@ -136,27 +126,6 @@ class ProcessPool(PoolDefaults):
             self.first_start = time.monotonic()
         self.by_fd[here.fileno()] = wid
         self.sentinels[proc.sentinel] = wid
-
-    def _pickle(self, obj: Any, what: str) -> Any:
-        """*obj* pickled; or *obj* itself when it holds what only a starting process may
-        pickle (a Lock, Event, Queue: multiprocessing pickles it then, as torch's workers get
-        their dataset)."""
-        try:
-            return pickle.dumps(obj)
-        except RuntimeError as e:
-            if "through inheritance" in str(e):
-                return obj
-            raise self._unpicklable(what, e) from e
-        except Exception as e:
-            raise self._unpicklable(what, e) from e
-
-    def _unpicklable(self, what: str, e: Exception) -> TypeError:
-        msg = (
-            f"parallel stage {self.name!r}: {what} can't be pickled for the "
-            f"{self.method!r} start method ({type(e).__name__}: {e}); define it at module "
-            "level (not a lambda or a local function), or use the 'fork' start method"
-        )
-        return TypeError(msg)
 
     # -- a pass ----------------------------------------------------------------------------
     def start_pass(self, max_in_flight: int) -> None:
@@ -191,6 +160,14 @@ class ProcessPool(PoolDefaults):
         except OSError:  # BrokenPipeError: the worker is gone
             self._died(wid)
         return True
+
+    def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
+        """Send ``(seq, item)`` pairs in turn, until no worker has room; how many went."""
+        submit = self.submit
+        for sent, (seq, item) in enumerate(items):
+            if not submit(seq, epoch, item):
+                return sent
+        return len(items)
 
     def _send_unsent(self) -> None:
         for wid in [w for w, tasks in enumerate(self.unsent) if tasks]:
@@ -277,7 +254,7 @@ class ProcessPool(PoolDefaults):
                     got = True
                     # Outside the try: a worker_init that raised an OSError (a missing file)
                     # is re-raised here, and must not read as a closed pipe.
-                    for reply in replies(msg):
+                    for reply in _replies(msg):
                         res = self._receive(wid, reply)
                         if res is not None:
                             out.append(res)
@@ -323,7 +300,7 @@ class ProcessPool(PoolDefaults):
         conn = self.conns[wid]
         with contextlib.suppress(EOFError, OSError):
             while conn.poll():  # a start-up failure it reported before dying explains it
-                reply = replies(conn.recv_bytes())[0]
+                reply = _replies(conn.recv_bytes())[0]
                 if reply.kind == "init":
                     where = f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
                     raise_remote(reply.payload, where)
@@ -385,9 +362,9 @@ class ProcessPool(PoolDefaults):
         for c in conns:
             try:
                 while c.poll():
-                    for reply in replies(c.recv_bytes()):
+                    for reply in _replies(c.recv_bytes()):
                         if reply.kind == "ok" and reply.payload.segment is not None:
-                            _segments.discard(reply.payload.segment[0])
+                            _segments.discard(reply.payload.segment.name)
             except (EOFError, OSError):
                 pass
             c.close()

@@ -16,12 +16,11 @@ from itertools import repeat
 from typing import Any, Protocol
 
 from pipeflow.errors import describe_indices
-from pipeflow.parallel._jobs import describe_item
-from pipeflow.parallel._wire import Reply
+from pipeflow.parallel._wire import Reply, describe_item
 
 __all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "PoolDefaults", "held"]
 
-_pass_of, _seq = operator.itemgetter(0), operator.itemgetter(2)  # of a Reply
+_pass_of, _seq = operator.attrgetter("pass_id"), operator.attrgetter("seq")  # of a Reply
 
 #: How long workers get to finish their current item after being told to stop.
 STOP_GRACE = 1.0

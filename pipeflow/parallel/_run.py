@@ -24,11 +24,10 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure, WithDropped
 from pipeflow.errors import WorkerTimeoutError
-from pipeflow.parallel._jobs import Exhausted, PassNote, describe_item
-from pipeflow.parallel._kept import Kept
+from pipeflow.parallel._kept import Kept, make_pool
 from pipeflow.parallel._protocol import Pool
 from pipeflow.parallel._settings import Settings
-from pipeflow.parallel._wire import Reply
+from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
 from pipeflow.state import numbered, recording
 
 __all__ = ["run_parallel"]
@@ -58,7 +57,7 @@ def run_parallel(
     kept = hooks.resources.setdefault("pool", Kept())
     pool, borrowed = kept.borrow(
         config,
-        lambda: config.make_pool(job, name, config.base_seed(context)),
+        lambda: make_pool(config, job, name, config.base_seed(context)),
         getattr(job, "facts", None),
     )
     kept.passes[context.epoch] = pool
@@ -73,8 +72,8 @@ def run_parallel(
         kept.give_back(pool, borrowed)
 
 
-# Fields of a Reply (a NamedTuple), read in C over a whole list of them.
-_kind, _seq, _took, _payload = (operator.itemgetter(i) for i in (1, 2, 4, 5))
+# Fields of a Reply (a NamedTuple), read by name in C over a whole list of them.
+_kind, _seq, _took, _payload = map(operator.attrgetter, ("kind", "seq", "took", "payload"))
 _ONLY_OK = frozenset(("ok",))
 
 
@@ -91,40 +90,20 @@ def _results(
     """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield the
     replies as they arrive, a list at a time.
 
-    Items are taken and sent in runs, as many as there is room for, and replies handled a
-    list at a time: the work here per item is a few operations in C, not a Python loop, so
-    that it takes the workers' GIL (threads, event loops) as little as it can.
+    Items are taken and sent in runs, as many as there is room for (:class:`_Sender`), and
+    replies handled a list at a time: the work here per item is a few operations in C, not a
+    Python loop, so that it takes the workers' GIL (threads, event loops) as little as it can.
     """
-    pool.start_pass(config.in_flight)
-    epoch, bound = context.epoch, pool.backlog(config.in_flight)
-    sent = received = 0
-    seq = context.offset  # a source's items are numbered from here
-    waiting: list[tuple[int, Any]] = []  # items taken that no worker had room for yet
-    exhausted = False
+    in_flight = config.in_flight  # a property: read once
+    pool.start_pass(in_flight)
+    bound = pool.backlog(in_flight)
+    sender = _Sender(pool, items, context, out, note)
+    received = 0
     while True:
-        room = bound - (sent - done[0])
-        if room > 0 and items is not None:
-            if not exhausted and len(waiting) < room:
-                want = room - len(waiting)
-                before = len(waiting)
-                waiting.extend(islice(items, want))
-                exhausted = len(waiting) - before < want
-            run = waiting if len(waiting) <= room else waiting[:room]
-            taken = pool.submit_many(run, epoch) if run else 0
-            if taken:
-                out.update(run[:taken] if taken < len(run) else run)
-                del waiting[:taken]
-                sent += taken
-        elif room > 0:  # source workers: "your next item", while any has more
-            while not exhausted and sent - done[0] < bound:
-                if not pool.can_submit():
-                    exhausted = True
-                elif pool.submit(seq, epoch, note):
-                    out[seq] = note
-                    seq, sent = seq + 1, sent + 1
-                else:
-                    break
-        if exhausted and not waiting and received == sent:
+        room = bound - (sender.sent - done[0])
+        if room > 0:
+            sender.fill(room)
+        if sender.exhausted and not sender.waiting and received == sender.sent:
             return
         got = pool.collect(config.timeout)
         if got is None:
@@ -135,13 +114,68 @@ def _results(
             raise WorkerTimeoutError(msg)
         received += len(got)
         if stats is not None:  # queue occupancy and per-item times, for loader.stats()
-            stats.in_flight += min(sent - done[0], config.in_flight)
+            stats.in_flight += min(sender.sent - done[0], in_flight)
             stats.in_flight_samples += 1
             took = list(map(_took, got))
             stats.task_ns.extend(took)
             stats.task_total_ns += sum(took)
         if got:
             yield got
+
+
+class _Sender:
+    """What :func:`_results` sends, and how many it has sent: a map's items taken from
+    upstream in runs (those no worker had room for yet wait for the next turn), or, for
+    source workers (no items), "your next item" while any of them has more."""
+
+    __slots__ = ("epoch", "exhausted", "items", "note", "out", "pool", "sent", "seq", "waiting")
+
+    def __init__(
+        self,
+        pool: Pool,
+        items: Iterator[tuple[int, Any]] | None,
+        context: Context,
+        out: dict[int, Any],
+        note: PassNote | None,
+    ) -> None:
+        self.pool, self.items, self.out, self.note = pool, items, out, note
+        self.epoch = context.epoch
+        self.seq = context.offset  # a source's items are numbered from here
+        self.sent = 0
+        self.waiting: list[tuple[int, Any]] = []  # items taken that no worker had room for
+        self.exhausted = False  # upstream has no more (sources: no worker has more)
+
+    def fill(self, room: int) -> None:
+        """Send up to *room* items, as many as the workers take now."""
+        if self.items is None:
+            self._ask(room)
+            return
+        waiting = self.waiting
+        if not self.exhausted and len(waiting) < room:
+            want = room - len(waiting)
+            before = len(waiting)
+            waiting.extend(islice(self.items, want))
+            self.exhausted = len(waiting) - before < want
+        run = waiting if len(waiting) <= room else waiting[:room]
+        taken = self.pool.submit_many(run, self.epoch) if run else 0
+        if taken:
+            self.out.update(run[:taken] if taken < len(run) else run)
+            del waiting[:taken]
+            self.sent += taken
+
+    def _ask(self, room: int) -> None:
+        """Source workers: ask for up to *room* next items, each carrying the pass's note."""
+        pool, note = self.pool, self.note
+        for _ in range(room):
+            if self.exhausted:
+                return
+            if not pool.can_submit():
+                self.exhausted = True
+            elif pool.submit(self.seq, self.epoch, note):
+                self.out[self.seq] = note
+                self.seq, self.sent = self.seq + 1, self.sent + 1
+            else:
+                return
 
 
 def _in_order(

@@ -2,10 +2,10 @@
 
 A worker pickles a result with its numpy arrays (and CPU tensors, viewed as arrays) *out of
 band*. When those buffers are large, it writes them into a segment and sends only the small
-pickle and the segment's name (:mod:`pipeflow.parallel._writer`); the main process maps the
+pickle and the segment's name (:class:`~pipeflow.parallel._shm.Writer`); the main process maps the
 file, unlinks it at once (so it can't leak), and rebuilds the arrays as views of the mapping
-(:mod:`pipeflow.parallel._reader`): no copy through the pipe, and no copy on arrival. Small
-results travel inline. Segments are recycled (see :class:`~pipeflow.parallel._writer.Writer`).
+(:class:`~pipeflow.parallel._shm.Reader`): no copy through the pipe, and no copy on arrival. Small
+results travel inline. Segments are recycled (see :class:`~pipeflow.parallel._shm.Writer`).
 This module names, creates, sizes and removes the files.
 """
 
@@ -16,7 +16,7 @@ import errno
 import mmap
 import os
 import tempfile
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ALIGN",
@@ -35,10 +35,20 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 INLINE_LIMIT = 64 * 1024
 ALIGN = 64
 
-#: A segment description in a reply: ``(name, seg_id, capacity)``. *name* is set when the
-#: segment is new (the main process maps it, then unlinks it); *seg_id* is ``-1`` for a
-#: segment the worker did not keep (used once).
-Segment = tuple[str | None, int, int]
+
+class Segment(NamedTuple):
+    """Where a result's buffers lie, as a reply describes it.
+
+    Attributes:
+        name: the file's name when the segment is new (the main process maps it, then
+            unlinks it); ``None`` for a kept segment the main process has mapped already.
+        seg_id: the worker's number for a segment it keeps; ``-1`` for one used once.
+        capacity: the segment's size in bytes.
+    """
+
+    name: str | None
+    seg_id: int
+    capacity: int
 
 
 def segment_prefix(parent_pid: int, pool_id: int, worker_id: int | None = None) -> str:

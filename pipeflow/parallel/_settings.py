@@ -1,4 +1,5 @@
-"""The settings both parallel stages share: checked once, shown in reprs, turned into pools."""
+"""The settings both parallel stages share: checked once, shown in reprs (the pool they ask
+for is built by :func:`pipeflow.parallel._kept.make_pool`)."""
 
 from __future__ import annotations
 
@@ -52,35 +53,6 @@ class Settings:
         if context.base_seed is not None:
             return context.base_seed
         return derive(self.seed, WORKERS, context.epoch) >> 1  # 63 bits, as torch's seeds
-
-    def make_pool(self, job: Any, name: str, base_seed: int) -> Any:
-        """Start a pool of this stage's backend (its workers start lazily): worker processes,
-        threads, or event loops (in threads of this process, or one in each worker process)."""
-        common: dict[str, Any] = {
-            "name": name,
-            "worker_init": self.worker_init,
-            "base_seed": base_seed,
-            "round_robin": self.round_robin,
-        }
-        if self.backend == "process":
-            from pipeflow.parallel._processes import ProcessPool
-            from pipeflow.parallel._warm import warm_context
-
-            if self.coroutines:
-                from pipeflow.parallel._aio_worker import aio_process_main
-
-                common.update(target=aio_process_main, concurrent=True)
-            mp = self.mp_context
-            given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
-            context = warm_context(given or multiprocessing.get_context(mp))
-            return ProcessPool(job, self.workers, context=context, **common)
-        if self.coroutines:
-            from pipeflow.parallel._aio import LoopPool
-
-            return LoopPool(job, self.workers, **common)
-        from pipeflow.parallel._threads import ThreadPool
-
-        return ThreadPool(job, self.workers, **common)
 
     def describe(self, name: str, first: str) -> str:
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""

@@ -7,9 +7,10 @@ from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
 from pipeflow.loader import Loader, Source
-from pipeflow.parallel._jobs import PassNote, SourceJob
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
+from pipeflow.parallel._wire import PassNote
+from pipeflow.parallel._worker import SourceJob
 
 __all__ = ["parallel_source"]
 

@@ -5,35 +5,29 @@ from __future__ import annotations
 
 import itertools
 import operator
+import os
 import queue
 import threading
 import time
 from collections import deque
 from typing import Any
 
-from pipeflow.parallel._jobs import SourceJob
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
-from pipeflow.parallel._wire import Reply, Task, tasks
-from pipeflow.parallel._worker import thread_main
+from pipeflow.parallel._wire import Exhausted, Reply, Task, tasks
+from pipeflow.parallel._worker import SourceJob, WorkerSpec
+from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["ThreadPool"]
 
-_kind = operator.itemgetter(1)  # of a Reply
+_kind = operator.attrgetter("kind")  # of a Reply, over a list of them in C
 
 
 class ThreadPool(InProcessPool):
     """Worker threads: a shared task queue for maps, one queue per thread for sources."""
 
-    def __init__(
-        self,
-        job: Any,
-        workers: int,
-        *,
-        name: str,
-        worker_init: Any,
-        base_seed: int,
-        round_robin: bool,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
+        """*spec*: what each worker starts with (its ``worker_id`` set per thread)."""
+        workers, job = spec.num_workers, spec.job
         super().__init__(name, workers, round_robin)
         self.current = [0]  # shared with the threads: tasks of other passes are skipped
         self.active = [True] * workers
@@ -43,18 +37,10 @@ class ThreadPool(InProcessPool):
         self.threads = []
         for wid in range(workers):
             own_job = job.clone() if isinstance(job, SourceJob) else job
+            own = spec._replace(job=own_job, worker_id=wid)
             t = threading.Thread(
                 target=thread_main,
-                args=(
-                    self.queues[wid],
-                    self.results,
-                    own_job,
-                    wid,
-                    workers,
-                    base_seed,
-                    worker_init,
-                    self.current,
-                ),
+                args=(self.queues[wid], self.results, own, self.current),
                 name=f"pipeflow-{name}-{wid}",
                 daemon=True,
             )
@@ -121,3 +107,43 @@ class ThreadPool(InProcessPool):
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
         # A thread stuck in user code can't be stopped; it is a daemon and holds no process.
+
+
+# -- thread workers -------------------------------------------------------------------------
+def thread_main(
+    tasks: queue.SimpleQueue[Any],
+    results: queue.SimpleQueue[Any],
+    spec: WorkerSpec,
+    current: list[int],
+) -> None:
+    """A thread worker: the same protocol as a process worker, through queues, no pickling;
+    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped."""
+    job, worker_id = spec.job, spec.worker_id
+    seed = spec.base_seed + worker_id
+    info = WorkerInfo(worker_id, spec.num_workers, seed, job.dataset, "thread", os.getpid())
+    set_thread_worker_info(info)
+    try:
+        if spec.worker_init is not None:
+            spec.worker_init(worker_id)
+    except BaseException as e:
+        results.put(Reply(None, "init", -1, worker_id, 0, e))
+        return
+    while True:
+        task: Task | None = tasks.get()
+        if task is None:
+            break
+        if task.pass_id != current[0]:
+            continue  # a task of an abandoned pass
+        started = time.perf_counter_ns()
+        try:
+            out = job.run(task.item, task.epoch, task.seq)
+        except Exhausted:
+            results.put(Reply(task.pass_id, "end", task.seq, worker_id))
+        except BaseException as e:
+            # in a box the pool empties when it raises: a reply the consumer's frames still
+            # hold must not hold the exception, whose traceback holds those frames
+            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e]))
+        else:
+            took = time.perf_counter_ns() - started
+            results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out))
+    set_thread_worker_info(None)

@@ -171,7 +171,8 @@ def _job_modules(process_obj: Any) -> list[str]:
         from multiprocessing import forkserver
 
         names += getattr(forkserver._forkserver, "_preload_modules", [])
-    for arg in process_obj._args:
+    args = process_obj._args  # a pool's worker: (conn, WorkerSpec), the job maybe pickled
+    for arg in [a for x in args for a in (x if isinstance(x, tuple) else (x,))]:
         if isinstance(arg, bytes):
             key = hash(arg)  # a pool's workers share one job pickle: scan it once
             if key not in _MODULES:

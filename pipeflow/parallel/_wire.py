@@ -1,6 +1,7 @@
 """What travels between the main process and its workers: typed records, never bare tuples.
 
-A :class:`Task` goes to a worker; a :class:`Reply` comes back. Process workers send them
+A :class:`Task` goes to a worker; a :class:`Reply` comes back (``"end"`` when a source
+job raised :class:`Exhausted`). Process workers send them
 pickled through a pipe (large result buffers go through shared memory, described by
 :class:`Encoded`); thread workers put the same records on queues.
 """
@@ -12,15 +13,18 @@ import traceback
 from typing import Any, Literal, NamedTuple
 
 from pipeflow.errors import WorkerError, _RemoteTraceback
+from pipeflow.parallel._segments import Segment
 
 __all__ = [
     "Encoded",
+    "Exhausted",
+    "PassNote",
     "RemoteError",
     "Reply",
     "Task",
+    "describe_item",
     "raise_remote",
     "remote_error",
-    "replies",
     "reply",
     "tasks",
 ]
@@ -45,10 +49,10 @@ class Task(NamedTuple):
 
 
 class Encoded(NamedTuple):
-    """A result pickled by :class:`~pipeflow.parallel._writer.Writer`."""
+    """A result pickled by :class:`~pipeflow.parallel._shm.Writer`."""
 
     data: bytes
-    segment: tuple[str | None, int, int] | None
+    segment: Segment | None
     layout: list[Any]
     retired: list[int]
 
@@ -86,6 +90,26 @@ class Reply(NamedTuple):
     payload: Any = None
 
 
+class Exhausted(Exception):
+    """A source job has no more items this epoch (its worker replies ``"end"``)."""
+
+
+class PassNote(NamedTuple):
+    """What a pass tells source workers with each task (a DataPipe's shuffle seed): the
+    source's ``pass_note()`` in the main process, its ``begin_pass(value)`` in the worker."""
+
+    value: Any
+
+
+def describe_item(item: Any, seq: int) -> dict[str, Any]:
+    """How an error note names an item: a sample index, a batch of them, or its position."""
+    if type(item) is int:
+        return {"index": item}
+    if type(item) is list and all(type(i) is int for i in item[:64]):
+        return {"batch": item}
+    return {"item": seq}
+
+
 _new = tuple.__new__
 
 
@@ -110,13 +134,6 @@ def remote_error(e: BaseException) -> RemoteError:
     except Exception:
         payload = None
     return RemoteError(payload, f"{type(e).__module__}.{type(e).__qualname__}", str(e), text)
-
-
-def replies(msg: bytes) -> list[Reply]:
-    """A worker's message: one reply, or a list of them (a coroutine worker's loop sends all
-    the replies of one turn together)."""
-    loaded = pickle.loads(msg)
-    return loaded if isinstance(loaded, list) else [loaded]
 
 
 def raise_remote(error: RemoteError, where: str | None) -> None:

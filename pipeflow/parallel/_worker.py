@@ -1,5 +1,7 @@
-"""The worker side: what a thread or process worker runs, and what it does with an item
-(``MapJob``; a ``parallel_source`` worker's job is in :mod:`._jobs`).
+"""The worker side: what a worker does with one task (the jobs: ``MapJob`` applies a
+function or a one-to-one stage, ``SourceJob`` takes the next item of its own replica of a
+loader; a coroutine function's ``CoroutineJob`` is in :mod:`._aio_worker`), and a process
+worker's life (set up once, then the task loop). A thread worker's loop is in :mod:`._threads`.
 
 Nothing here imports torch, so a worker started with spawn or forkserver imports it only when
 the user's code does.
@@ -9,14 +11,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import random
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeflow._context import Context
 from pipeflow._failure import Failure, WithDropped
@@ -24,19 +25,48 @@ from pipeflow._random import seed_sequence_state
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
-from pipeflow.parallel._jobs import Exhausted, describe_item
-from pipeflow.parallel._wire import Encoded, Reply, Task, remote_error
-from pipeflow.parallel._writer import Writer
-from pipeflow.worker_info import (
-    WorkerInfo,
-    set_process_worker_info,
-    set_thread_worker_info,
+from pipeflow.parallel._shm import Writer
+from pipeflow.parallel._wire import (
+    Encoded,
+    Exhausted,
+    PassNote,
+    Reply,
+    Task,
+    describe_item,
+    remote_error,
 )
+from pipeflow.worker_info import WorkerInfo, get_worker_info, set_process_worker_info, set_replica
 
-__all__ = ["MapJob", "process_main", "seed_worker", "thread_main"]
+__all__ = ["MapJob", "SourceJob", "WorkerSpec", "process_main", "seed_worker"]
 
 
-# -- what a parallel_map worker does with an item ----------------------------------------------
+class WorkerSpec(NamedTuple):
+    """What one worker starts with: every entry point (a process worker, a coroutine process
+    worker, a thread, an event-loop thread) takes one of these. A pool holds one with
+    ``worker_id`` 0 and gives each worker a copy with its own id (and, for processes, prefix).
+
+    Attributes:
+        job: what the worker does with a task (a ``MapJob``, ``SourceJob``, ``CoroutineJob``);
+            for a spawn or forkserver worker its pickle.
+        worker_id: the worker's number, ``0 .. num_workers - 1``.
+        num_workers: how many workers the pool has.
+        base_seed: the pool's base seed; the worker's seed is ``base_seed + worker_id``.
+        worker_init: called as ``worker_init(worker_id)`` once the worker has started (or its
+            pickle, or ``None``).
+        main_pid: process workers: the main process, whose death ends the worker.
+        prefix: process workers: the names of this worker's shared-memory segments.
+    """
+
+    job: Any
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    worker_init: Any = None
+    main_pid: int = 0
+    prefix: str = ""
+
+
+# -- the jobs: what a worker does with one task -----------------------------------------------
 class MapJob:
     """Apply a function, or a one-to-one stage, to one item at a time."""
 
@@ -118,6 +148,47 @@ def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
         raise
 
 
+class SourceJob:
+    """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica)."""
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self.loader = loader
+        self.name = name
+        self._epoch: int | None = None
+        self._it: Iterator[Any] | None = None
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader.source, "iterable", None)
+
+    def without_torch(self) -> None:
+        """In a worker that has not imported torch: the stages' numpy-only forms."""
+        stages = tuple(s.without_torch() for s in self.loader.stages)
+        self.loader = type(self.loader)(self.loader.source, stages)
+
+    def clone(self) -> SourceJob:
+        """A replica with its own iterator (one per thread worker)."""
+        return SourceJob(type(self.loader)(self.loader.source, self.loader.stages), self.name)
+
+    def run(self, item: Any, epoch: int, seq: int) -> Any:
+        info = get_worker_info()
+        if info is not None:  # shard() inside reads this worker's share
+            set_replica(True, thread=info.backend == "thread")
+        if self._epoch != epoch:
+            if self._it is not None:
+                self._it.close()  # type: ignore[attr-defined]
+            self.loader.set_epoch(epoch)
+            if isinstance(item, PassNote):
+                self.loader.source.begin_pass(item.value)
+            self._it = iter(self.loader)
+            self._epoch = epoch
+        assert self._it is not None
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise Exhausted from None
+
+
 # -- seeding and identity ----------------------------------------------------------------------
 def seed_worker(base_seed: int, worker_id: int) -> int:
     """Seed ``random``, numpy's and torch's global generators as torch's workers do."""
@@ -170,16 +241,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def start_process_worker(
-    conn: Any,
-    job: Any,
-    worker_id: int,
-    num_workers: int,
-    base_seed: int,
-    worker_init: Any,
-    main_pid: int,
-    prefix: str,
-    *,
-    defer_torch: bool = True,
+    conn: Any, spec: WorkerSpec, *, defer_torch: bool = True
 ) -> tuple[Any, WorkerInfo, bool] | None:
     """What every process worker does first: ignore Ctrl-C, watch the parent, unpickle the job,
     seed as torch's workers do, tell ``get_worker_info()``, run ``worker_init``. Returns
@@ -187,7 +249,9 @@ def start_process_worker(
     With *defer_torch*, a job in a worker that has not imported torch takes its numpy-only form.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: one traceback, from the main process
-    threading.Thread(target=_watch_parent, args=(main_pid, prefix), daemon=True).start()
+    watch = (spec.main_pid, spec.prefix)
+    threading.Thread(target=_watch_parent, args=watch, daemon=True).start()
+    job, worker_id, worker_init = spec.job, spec.worker_id, spec.worker_init
     try:
         if isinstance(job, bytes):
             job = pickle.loads(job)
@@ -195,8 +259,8 @@ def start_process_worker(
             worker_init = pickle.loads(worker_init)
         if defer_torch and "torch" not in sys.modules:
             job.without_torch()
-        seed = seed_worker(base_seed, worker_id)
-        info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "process", os.getpid())
+        seed = seed_worker(spec.base_seed, worker_id)
+        info = WorkerInfo(worker_id, spec.num_workers, seed, job.dataset, "process", os.getpid())
         set_process_worker_info(info)
         told_torch = _tell_torch(info)
         if worker_init is not None:
@@ -208,25 +272,15 @@ def start_process_worker(
     return job, info, told_torch
 
 
-def process_main(
-    conn: Any,
-    job: Any,
-    worker_id: int,
-    num_workers: int,
-    base_seed: int,
-    worker_init: Any,
-    main_pid: int,
-    prefix: str,
-) -> None:
+def process_main(conn: Any, spec: WorkerSpec) -> None:
     """A process worker's life: set up once, then run tasks until told to stop."""
-    started = start_process_worker(
-        conn, job, worker_id, num_workers, base_seed, worker_init, main_pid, prefix
-    )
+    started = start_process_worker(conn, spec)
     if started is None:
         return
     job, info, told_torch = started
+    worker_id = spec.worker_id
     send, recv = conn.send_bytes, conn.recv
-    writer = Writer(prefix)
+    writer = Writer(spec.prefix)
     writer.activate()
     while True:
         try:
@@ -245,7 +299,7 @@ def process_main(
             send(pickle.dumps(reply, protocol=5))
         except (BrokenPipeError, OSError):
             if reply.kind == "ok" and reply.payload.segment is not None:
-                _segments.discard(reply.payload.segment[0])
+                _segments.discard(reply.payload.segment.name)
             break
     writer.close()
     conn.close()
@@ -276,45 +330,3 @@ def _process_task(job: Any, task: Task, worker_id: int, writer: Writer) -> Reply
         annotate(e, job.name, task.epoch, extra="the result could not be sent back", **where)
         return Reply(task.pass_id, "err", task.seq, worker_id, 0, remote_error(e))
     return Reply(task.pass_id, "ok", task.seq, worker_id, took, encoded)
-
-
-# -- thread workers -------------------------------------------------------------------------
-def thread_main(
-    tasks: queue.SimpleQueue[Any],
-    results: queue.SimpleQueue[Any],
-    job: Any,
-    worker_id: int,
-    num_workers: int,
-    base_seed: int,
-    worker_init: Any,
-    current: list[int],
-) -> None:
-    """A thread worker: the same protocol as a process worker, through queues, no pickling."""
-    seed = base_seed + worker_id
-    info = WorkerInfo(worker_id, num_workers, seed, job.dataset, "thread", os.getpid())
-    set_thread_worker_info(info)
-    try:
-        if worker_init is not None:
-            worker_init(worker_id)
-    except BaseException as e:
-        results.put(Reply(None, "init", -1, worker_id, 0, e))
-        return
-    while True:
-        task: Task | None = tasks.get()
-        if task is None:
-            break
-        if task.pass_id != current[0]:
-            continue  # a task of an abandoned pass
-        started = time.perf_counter_ns()
-        try:
-            out = job.run(task.item, task.epoch, task.seq)
-        except Exhausted:
-            results.put(Reply(task.pass_id, "end", task.seq, worker_id))
-        except BaseException as e:
-            # in a box the pool empties when it raises: a reply the consumer's frames still
-            # hold must not hold the exception, whose traceback holds those frames
-            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e]))
-        else:
-            took = time.perf_counter_ns() - started
-            results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out))
-    set_thread_worker_info(None)

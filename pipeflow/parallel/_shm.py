@@ -1,4 +1,9 @@
-"""The worker's side of the transport: pickle a result, its large buffers in shared memory.
+"""The shared-memory transport: a result's way from a worker process to the main process.
+
+The worker's side, :class:`Writer`, pickles a result with its large buffers (numpy arrays,
+CPU tensors viewed as arrays) in a shared-memory segment (:mod:`._segments` makes the files);
+the main process's side, :class:`Reader`, maps the segment, rebuilds the result as views of
+it, and hands each kept segment back to its worker once nothing uses it.
 
 Segments are *recycled*: the worker keeps each one (its file already unlinked by the main
 process, which keeps its mapping) and, once the main process reports that nothing there uses
@@ -7,6 +12,7 @@ it any more, writes a later result into the same pages.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copyreg
 import io
@@ -18,9 +24,10 @@ import sys
 from typing import Any
 
 from pipeflow import _alloc
+from pipeflow.parallel import _segments
 from pipeflow.parallel._segments import ALIGN, INLINE_LIMIT, Segment, capacity, write_segment
 
-__all__ = ["Writer"]
+__all__ = ["Reader", "Writer"]
 
 _ZEROS = bytes(ALIGN)
 
@@ -52,6 +59,7 @@ def _dispatch_table() -> dict[Any, Any]:
     return table
 
 
+# -- the worker's side ------------------------------------------------------------------------
 class Writer:
     """A worker's side: pickles results, writing large buffers into shared-memory segments.
 
@@ -132,7 +140,7 @@ class Writer:
             placed = self._place(raws)
             if placed is not None:
                 used, self.reserved = self.reserved, None
-                return data, (None, used, self.sizes[used]), placed, self._told()
+                return data, Segment(None, used, self.sizes[used]), placed, self._told()
             self.unreserve()
         iov: list[Any] = []
         layout: list[tuple[int, int]] = []
@@ -148,7 +156,7 @@ class Writer:
         reuse = self._reusable(offset)
         if reuse is not None:
             self._copy_into(reuse, iov)
-            return data, (None, reuse, self.sizes[reuse]), layout, self._told()
+            return data, Segment(None, reuse, self.sizes[reuse]), layout, self._told()
         name = f"{self.prefix}{self.count}"
         seg_id = self.count if len(self.fds) < self.keep else -1
         self.count += 1
@@ -158,7 +166,7 @@ class Writer:
             os.close(fd)
         else:
             self.fds[seg_id], self.sizes[seg_id] = fd, size
-        return data, (name, seg_id, size), layout, self._told()
+        return data, Segment(name, seg_id, size), layout, self._told()
 
     def _told(self) -> list[int]:
         """The dropped segments, to tell the main process with this result."""
@@ -240,3 +248,88 @@ class Writer:
         for seg_id in list(self.fds):
             self._drop(seg_id)
         self.free.clear()
+
+
+# -- the main process's side ------------------------------------------------------------------
+class _Lease:
+    """The base of every array rebuilt from one result's segment: when the last of them is
+    gone, the segment goes back to its worker."""
+
+    __slots__ = ("__array_interface__", "_done", "_key", "_map")
+
+    def __init__(self, base: Any, key: tuple[int, int], done: Any) -> None:
+        self.__array_interface__ = base.__array_interface__
+        self._map = base  # keeps the mapping alive while any view of it lives
+        self._key = key
+        self._done = done
+
+    def __del__(self) -> None:
+        self._done(self._key)
+
+
+class Reader:
+    """The main process's side: maps segments, rebuilds results as views of them, and hands
+    each kept segment back to its worker once nothing uses it (see :class:`Writer`)."""
+
+    def __init__(self) -> None:
+        self.maps: dict[tuple[int, int], Any] = {}  # (worker, seg_id) -> uint8 array over it
+        self.freed: collections.deque[tuple[int, int]] = collections.deque()  # any thread
+        self.pending: dict[int, list[int]] = {}  # freed, not told to their worker yet
+
+    def decode(self, wid: int, data: bytes, segment: Segment | None, layout: list[Any]) -> Any:
+        """Rebuild what :meth:`Writer.encode` made in worker *wid*."""
+        if segment is None:
+            return pickle.loads(data, buffers=layout)
+        base = self._map(wid, segment)
+        if segment.seg_id >= 0:
+            import numpy as np
+
+            base = np.asarray(_Lease(base, (wid, segment.seg_id), self.freed.append))
+        return pickle.loads(data, buffers=[base[o : o + n] for o, n in layout])
+
+    def _map(self, wid: int, segment: Segment) -> Any:
+        name, seg_id, capacity = segment
+        if name is None:
+            return self.maps[wid, seg_id]
+        path = os.path.join(_segments.SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, capacity)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        import numpy as np
+
+        base = np.frombuffer(mm, dtype=np.uint8)
+        if seg_id >= 0:
+            self.maps[wid, seg_id] = base
+        return base
+
+    def discard(self, wid: int, segment: Segment | None) -> None:
+        """A result that will not be decoded: its segment goes back (or away) unread."""
+        if segment is None:
+            return
+        name, seg_id, _ = segment
+        if seg_id < 0:
+            _segments.discard(name)
+            return
+        with contextlib.suppress(OSError):
+            self._map(wid, segment)
+        self.freed.append((wid, seg_id))
+
+    def retire(self, wid: int, ids: list[int]) -> None:
+        """The worker dropped these kept segments."""
+        for seg_id in ids:
+            self.maps.pop((wid, seg_id), None)
+
+    def take_freed(self, wid: int) -> list[int] | None:
+        """The segments of worker *wid* no longer used here, to tell it (None: none)."""
+        while self.freed:  # leases die in any thread: sort what they left by worker
+            w, seg_id = self.freed.popleft()
+            self.pending.setdefault(w, []).append(seg_id)
+        return self.pending.pop(wid, None)
+
+    def close(self) -> None:
+        self.maps.clear()
+        self.freed.clear()
+        self.pending.clear()
