@@ -403,8 +403,9 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
        is looked at (the first of equals):
 
        a. a single-threaded stage is the bottleneck: run it in ``pf.parallel_map`` (or, for
-          a parallel stage with ``workers=0``, give it workers); a computed source (see
-          :mod:`pipeflow._plan`) has no user code to move: the rest is light;
+          a parallel stage with ``workers=0``, give it workers). A computed source (see
+          :mod:`pipeflow._plan`) runs no user code: it is looked at only when it is the
+          only row, and then the rest is light;
        b. a parallel stage whose workers are busy ``BUSY_WORKERS`` (80 %) of the time or more
           is the bottleneck: more workers, or threads;
        c. a parallel stage whose workers are idle more, while the stage before it has at least
@@ -429,30 +430,18 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
             f"{_pct(CONSUMER_WAIT_LIMIT)}): the loader keeps up, and the model's step sets the pace"
         )
     waited = f"the training loop waited {_pct(wait_fraction)} of the time"
-    slowest = max(stages, key=lambda s: s.own_seconds)
+    # A computed source (pipeflow._plan) runs no user code: it is looked at only when alone.
+    candidates = [s for s in stages if not _computed(s)] or stages
+    slowest = max(candidates, key=lambda s: s.own_seconds)
     if slowest.workers is None or slowest.worker_busy is None:
-        share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
-        if slowest.name.endswith(" (computed)"):  # pipeflow._plan: no user code to move
-            return slowest.name, (
-                f"{waited}; the most time is in {slowest.name!r}, which the loader computes "
-                "from positions: the stages after it (or the loop) are light, not slow"
-            )
-        fix = (
-            "give it workers"  # a parallel stage with workers=0 runs in the calling thread
-            if slowest.name in _PARALLEL
-            else "run it in pf.parallel_map"
-        )
-        return slowest.name, (
-            f"{waited}; {_pct(share)} of the loader's time is spent in {slowest.name!r}, in one "
-            f"thread; {fix} (threads for I/O, processes for Python-heavy work)"
-        )
+        return slowest.name, _one_thread_advice(slowest, stages, waited)
     if slowest.worker_busy >= BUSY_WORKERS:
         return slowest.name, (
             f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; try more workers, "
             "or the thread backend if the work waits on I/O or releases the GIL"
         )
     at = stages.index(slowest)
-    upstream = stages[at - 1] if at else None
+    upstream = stages[at - 1] if at and not _computed(stages[at - 1]) else None
     if upstream is not None and upstream.own_seconds >= UPSTREAM_SHARE * slowest.own_seconds:
         return upstream.name, (
             f"{waited}; the workers of {slowest.name!r} are busy only "
@@ -462,4 +451,28 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
     return slowest.name, (
         f"{waited}; workers busy only {_pct(slowest.worker_busy)} of the time: raise "
         "max_in_flight, or look at the main process's share (decoding results, the consumer)"
+    )
+
+
+def _computed(stage: StageStats) -> bool:
+    """Whether *stage* is a source the loader computes (see :mod:`pipeflow._plan`)."""
+    return stage.name.endswith(" (computed)")
+
+
+def _one_thread_advice(slowest: StageStats, stages: list[StageStats], waited: str) -> str:
+    """What to try when the slowest stage runs in one thread (rule 3a of :func:`diagnose`)."""
+    if _computed(slowest):  # the only row: no user code to move
+        return (
+            f"{waited}; the most time is in {slowest.name!r}, which the loader computes "
+            "from positions: the stages after it (or the loop) are light, not slow"
+        )
+    share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
+    fix = (
+        "give it workers"  # a parallel stage with workers=0 runs in the calling thread
+        if slowest.name in _PARALLEL
+        else "run it in pf.parallel_map"
+    )
+    return (
+        f"{waited}; {_pct(share)} of the loader's time is spent in {slowest.name!r}, in one "
+        f"thread; {fix} (threads for I/O, processes for Python-heavy work)"
     )

@@ -272,3 +272,12 @@ def _dropped(errors: int, indices: list[int]) -> StageStats:
 )
 def test_ignored_text_ends_with_dots_when_it_lists_only_some(errors, indices, text) -> None:
     assert ignored_text(_dropped(errors, indices)) == text
+
+
+def test_a_computed_source_is_the_bottleneck_only_when_alone() -> None:
+    computed = StageStats("indices → shuffle (computed)", 128, 0.5, 0.5, 0.0, 100.0)
+    workers = StageStats("parallel_map", 128, 0.6, 0.1, 0.5, 100.0, workers=8, worker_busy=0.5)
+    # the computed source has more own time, but runs no user code, and feeds no workers
+    assert diagnose([computed, workers], 0.9)[0] == "parallel_map"
+    assert diagnose([computed], 0.9)[0] == "indices → shuffle (computed)"
+    assert "which the loader computes" in diagnose([computed], 0.9)[1]
