@@ -51,6 +51,8 @@ _FLUSH_NS = 50_000_000
 #: that raises on every next()) and its stream ends with a StageStuckError.
 _STUCK = 1000
 
+_clock = time.perf_counter_ns
+
 
 @dataclass
 class Route:
@@ -85,16 +87,17 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
     item, because a generator of its own would cost a fast stage a quarter of its rate.
     """
     bypassed, divert, stash = route.bypassed, route.divert, route.stash
-    clock = time.perf_counter_ns
+    took = meter.took if meter is not None else None
     n = 0  # items handed on (a failure is one)
     mark = 0 if meter is not None else -1  # the number of the next item to time
+    t = _clock()  # when the item being timed was asked for
     stuck = after_failure = 0  # exceptions in a row with no item between; n after the last
     try:
         while True:
             try:
                 for item in it:
-                    if n == mark:  # asked for when the meter last read the clock
-                        mark = meter.took(n)  # type: ignore[union-attr]
+                    if n == mark:  # asked for at t
+                        mark = took(n, t)  # type: ignore[misc]
                     n += 1
                     if bypassed:  # failures that went around this stage come first
                         yield from _release(bypassed, stash)
@@ -103,14 +106,14 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
                     else:
                         yield item
                     if n == mark:  # the next item is timed: from when it is asked for
-                        meter.t = clock()  # type: ignore[union-attr]
+                        t = _clock()
                 break
             except Exception as e:
                 failure = _failure(e, route, n)
                 stuck = stuck + 1 if n == after_failure else 1  # no item since the last one?
                 n = after_failure = n + 1
                 if meter is not None:  # time the next item afresh
-                    mark = meter.restart(n)
+                    mark, t = meter.restart(n), _clock()
                 if stash is None:
                     yield failure
                     continue
@@ -122,7 +125,7 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
             yield from _release(bypassed, stash)
     finally:
         if meter is not None:
-            meter.done(n, asked=n == mark)
+            meter.done(n, t if n == mark else None)
 
 
 def _failure(error: Exception, route: Route, n: int) -> Failure:
@@ -171,42 +174,68 @@ class Meter:
     (the last stage's) keeps each timed span: the consumer's waits.
     """
 
-    __slots__ = ("busy", "flushed", "gap", "lcg", "next_flush", "rec", "t", "waits", "window")
-    t: int  # when the item being timed was asked for (set by guarded, from its own clock)
+    __slots__ = (
+        "busy",
+        "count",
+        "flushed",
+        "gap",
+        "lcg",
+        "longest",
+        "next_flush",
+        "rec",
+        "sampling",
+        "total",
+        "waits",
+    )
 
     def __init__(self, rec: Any, waits: deque[int] | None = None) -> None:
         self.rec, self.waits = rec, waits
         self.busy = self.flushed = 0  # ns and items not yet written to the record
-        self.gap, self.lcg, self.window = 1, 12345, _Window()
-        self.t = time.perf_counter_ns()
-        self.next_flush = self.t + _FLUSH_NS
+        self.count = self.total = self.longest = 0  # this window's timed items
+        self.sampling = False  # the last window's items were fast: time a sample
+        self.gap, self.lcg = 1, 12345
+        self.next_flush = _clock() + _FLUSH_NS
 
-    def took(self, n: int) -> int:
-        """Item *n* (counted from 0) arrived; the number of the next item to time."""
-        now = time.perf_counter_ns()
-        span = now - self.t
+    def took(self, n: int, asked: int) -> int:
+        """Item *n* (counted from 0), asked for at *asked*, arrived; the number of the next
+        item to time."""
+        now = _clock()
+        span = now - asked
         self.busy += span * self.gap
         if self.waits is not None:
             self.waits.append(span)
         if now >= self.next_flush:
             self._flush(n + 1, now)
             self.next_flush = now + _FLUSH_NS
-        if self.window.add(span):  # fast items: time about one in 64, at irregular gaps
+        self.count += 1
+        self.total += span
+        if span > self.longest:
+            self.longest = span
+        if self.count == _WINDOW:
+            self._end_window()
+        if self.sampling:  # fast items: time about one in 64, at irregular gaps
             self.lcg = (self.lcg * 1103515245 + 12345) & 0x7FFFFFFF
             self.gap = _GAP_MIN + (self.lcg >> 16) % _GAP_SPREAD
         return n + self.gap
 
+    def _end_window(self) -> None:
+        """A window ends: sample the next one if its items were fast, else time them all."""
+        fast = self.total < _TIME_ALL_NS * _WINDOW and self.longest < 8 * _TIME_ALL_NS
+        self.sampling = fast
+        if not fast:
+            self.gap = 1
+        self.count = self.total = self.longest = 0
+
     def restart(self, n: int) -> int:
-        """After a failure, time item *n* (the next) afresh, from now."""
+        """After a failure, time item *n* (the next) afresh."""
         self.gap = 1
-        self.t = time.perf_counter_ns()
         return n
 
-    def done(self, n: int, asked: bool) -> None:
-        """The pass handed on *n* items; *asked*: the end was asked for as a timed item."""
-        now = time.perf_counter_ns()
-        if asked:
-            self.busy += now - self.t
+    def done(self, n: int, asked: int | None) -> None:
+        """The pass handed on *n* items; *asked*: when the end was asked for, if timed."""
+        now = _clock()
+        if asked is not None:
+            self.busy += now - asked
         self._flush(n, now)
 
     def _flush(self, n: int, now: int) -> None:
@@ -215,27 +244,6 @@ class Meter:
         rec.items += n - self.flushed
         self.busy, self.flushed = 0, n
         rec.sample(now)
-
-
-class _Window:
-    """The timed items of the current window: whether the next ones may be sampled."""
-
-    __slots__ = ("count", "longest", "sampling", "total")
-
-    def __init__(self) -> None:
-        self.count = self.total = self.longest = 0
-        self.sampling = False
-
-    def add(self, span: int) -> bool:
-        """Count one timed item; whether items are now sampled (else all are timed)."""
-        self.count += 1
-        self.total += span
-        self.longest = max(self.longest, span)
-        if self.count == _WINDOW:  # sample the next window if these were fast
-            fast = self.total < _TIME_ALL_NS * _WINDOW and self.longest < 8 * _TIME_ALL_NS
-            self.sampling = fast
-            self.count = self.total = self.longest = 0
-        return self.sampling
 
 
 def cut(it: Iterator[Any], k: int) -> Iterator[Any]:
