@@ -19,6 +19,7 @@ Examples:
 from __future__ import annotations
 
 import numbers
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,8 +28,10 @@ from pipeflow._coroutines import refuse
 __all__ = ["boolean", "function", "integer", "one_of", "optional_integer", "seconds"]
 
 
-def integer(stage: str, name: str, value: Any, *, low: int | None = None) -> int:
-    """*value* as an ``int``, at least *low*."""
+def integer(
+    stage: str, name: str, value: Any, *, low: int | None = None, high: int | None = None
+) -> int:
+    """*value* as an ``int``, at least *low* and at most *high*."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         msg = f"{stage}: {name} must be an integer (got {value!r})"
         raise TypeError(msg)
@@ -36,17 +39,22 @@ def integer(stage: str, name: str, value: Any, *, low: int | None = None) -> int
     if low is not None and number < low:
         msg = f"{stage}: {name} must be at least {low} (got {number})"
         raise ValueError(msg)
+    if high is not None and number > high:
+        msg = f"{stage}: {name} must be at most {high} (got {number})"
+        raise ValueError(msg)
     return number
 
 
-def optional_integer(stage: str, name: str, value: Any, *, low: int | None = None) -> int | None:
-    """``None``, or *value* as an ``int`` of at least *low*."""
+def optional_integer(
+    stage: str, name: str, value: Any, *, low: int | None = None, high: int | None = None
+) -> int | None:
+    """``None``, or *value* as an ``int`` of at least *low* and at most *high*."""
     if value is None:
         return None
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         msg = f"{stage}: {name} must be an integer or None (got {value!r})"
         raise TypeError(msg)
-    return integer(stage, name, value, low=low)
+    return integer(stage, name, value, low=low, high=high)
 
 
 def boolean(stage: str, name: str, value: Any) -> bool:
@@ -58,7 +66,8 @@ def boolean(stage: str, name: str, value: Any) -> bool:
 
 
 def seconds(stage: str, name: str, value: Any) -> float | None:
-    """``None``, or a number of seconds above 0."""
+    """``None``, or a finite number of seconds above 0 that a wait can take (at most
+    ``threading.TIMEOUT_MAX``)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -66,6 +75,12 @@ def seconds(stage: str, name: str, value: Any) -> float | None:
         raise TypeError(msg)
     if not float(value) > 0:
         msg = f"{stage}: {name} must be more than 0 seconds (got {value!r})"
+        raise ValueError(msg)
+    if not float(value) <= threading.TIMEOUT_MAX:  # inf, or past what a wait can take
+        msg = (
+            f"{stage}: {name} must be at most {threading.TIMEOUT_MAX:.0f} seconds (got "
+            f"{value!r}); pass None to wait forever"
+        )
         raise ValueError(msg)
     return float(value)
 

@@ -21,7 +21,8 @@ from typing import Any
 
 __all__ = ["LoaderRecord", "StageRecord", "StageStats", "Stats"]
 
-_SAMPLE_NS = 100_000_000  # one point of the time series every 0.1 s
+_SAMPLE_NS = 100_000_000  # one point of the time series every 0.1 s, at first
+_POINTS = 2_000  # then, at this many, every other point goes and the spacing doubles
 _KEEP = 10_000  # per-item times kept for the percentiles
 
 
@@ -39,6 +40,7 @@ class StageRecord:
         "max_in_flight",
         "name",
         "series",
+        "spacing",
         "taken",
         "task_ns",
         "task_total_ns",
@@ -51,6 +53,7 @@ class StageRecord:
         self.busy_ns = 0
         self.last_sample = 0
         self.series: list[tuple[int, int, int]] = []  # (clock ns, items, busy ns)
+        self.spacing = _SAMPLE_NS  # ns between two points of the series
         # parallel stages only
         self.workers = 0
         self.max_in_flight = 0
@@ -81,9 +84,14 @@ class StageRecord:
         return self.items + start - left
 
     def sample(self, now: int) -> None:
-        if now - self.last_sample >= _SAMPLE_NS:
+        """Add a point to the time series, if one is due: the series stays under ``_POINTS``
+        points however long the run (every other one dropped, the spacing doubled)."""
+        if now - self.last_sample >= self.spacing:
             self.last_sample = now
             self.series.append((now, self.items, self.busy_ns))
+            if len(self.series) >= _POINTS:
+                del self.series[1::2]
+                self.spacing *= 2
 
 
 class LoaderRecord:

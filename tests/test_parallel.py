@@ -416,3 +416,14 @@ def test_the_heap_stays_frozen_while_fork_workers_live_and_a_user_freeze_is_kept
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e308])
+def test_a_timeout_no_wait_can_take_is_refused_at_build(timeout: float) -> None:
+    with pytest.raises(ValueError, match=r"timeout must be at most .* seconds .*pass None"):
+        pf.parallel_map(abs, workers=2, timeout=timeout)
+
+
+def test_a_max_in_flight_past_an_index_is_refused_at_build() -> None:
+    with pytest.raises(ValueError, match=r"max_in_flight must be at most \d+ \(got 2361"):
+        pf.parallel_map(abs, workers=2, max_in_flight=2**71)

@@ -281,3 +281,15 @@ def test_a_computed_source_is_the_bottleneck_only_when_alone() -> None:
     assert diagnose([computed, workers], 0.9)[0] == "parallel_map"
     assert diagnose([computed], 0.9)[0] == "indices → shuffle (computed)"
     assert "which the loader computes" in diagnose([computed], 0.9)[1]
+
+
+def test_the_time_series_stays_bounded_however_long_the_run() -> None:
+    from pipeflow.stats import _POINTS, _SAMPLE_NS, StageRecord
+
+    rec = StageRecord("s")
+    for k in range(1, 50_001):  # 50,000 points due at the first spacing: 83 minutes' worth
+        rec.items = k
+        rec.sample(k * _SAMPLE_NS * 64)
+    assert len(rec.series) < _POINTS
+    times = [t for t, _, _ in rec.series]
+    assert times == sorted(times) and rec.series[-1][1] >= 49_000  # spans the whole run

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +115,9 @@ def settings(
         workers=workers,
         backend=backend,
         ordered=_checks.boolean(name, "ordered", ordered),
-        max_in_flight=_checks.optional_integer(name, "max_in_flight", max_in_flight, low=1),
+        max_in_flight=_checks.optional_integer(
+            name, "max_in_flight", max_in_flight, low=1, high=sys.maxsize
+        ),
         mp_context=mp_context,
         worker_init=(
             worker_init
