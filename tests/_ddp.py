@@ -7,6 +7,7 @@ rank saw to ``$PIPEFLOW_DDP_OUT/rank<r>.json``.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -27,6 +28,9 @@ class Numbers(tud.Dataset):
 
 
 def main() -> int:
+    # A rank still running after 60 s prints every thread's stack to stderr (which the test
+    # shows when it times out), so a hang says where it is.
+    faulthandler.dump_traceback_later(60, exit=True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = Numbers()

@@ -145,7 +145,19 @@ def test_a_real_gloo_process_group_under_torchrun(world, tmp_path) -> None:
     env = {**os.environ, "PIPEFLOW_DDP_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    subprocess.run(
+    # Under pytest-timeout's 120 s, so that a hang shows the ranks' output (their stacks,
+    # printed by faulthandler at 60 s) instead of only the test's own.
+    try:
+        run = _torchrun(world, tmp_path, env)
+    except subprocess.TimeoutExpired as e:  # what the ranks printed, stacks included
+        out = (e.stdout or b"")[-3000:], (e.stderr or b"")[-6000:]
+        pytest.fail(f"torchrun did not finish in {e.timeout} s:\n{out[0]!r}\n{out[1]!r}")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    check_ranks(tmp_path, world)
+
+
+def _torchrun(world: int, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -154,15 +166,15 @@ def test_a_real_gloo_process_group_under_torchrun(world, tmp_path) -> None:
             f"--nproc-per-node={world}",
             # torchrun's logs (else a /tmp/torchelastic_* folder per run, never removed)
             f"--log-dir={tmp_path / 'torchrun'}",
+            "--tee=3",
             str(ROOT / "tests" / "_ddp.py"),
         ],
         env=env,
         cwd=ROOT,
-        check=True,
-        timeout=180,
+        timeout=100,
         capture_output=True,
+        text=True,
     )
-    check_ranks(tmp_path, world)
 
 
 def test_shard_after_shuffle_golden() -> None:
