@@ -25,7 +25,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pipeflow._failure import Failure
@@ -75,7 +75,7 @@ class Route:
     keys: list[Any] | None = None
     bypassed: deque[Failure] | None = None
     divert: deque[Failure] | None = None
-    stash: deque[Failure] | None = field(default=None)
+    stash: deque[Failure] | None = None
 
 
 def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iterator[Any]:
