@@ -24,9 +24,18 @@ Each stage says how its first ``k`` outputs are skipped, through one method,
 - ``Resume.seek()``: the stage skips them itself, cheaply (it gets ``context.start = k``).
 - ``Resume.replay()``: the consumed items are replayed through the stage and dropped after
   it (a ``filter``: which inputs made the first ``k`` outputs is only known by running it).
-- ``Resume.recorded()``: the stage delivers out of order (an unordered ``parallel_map``), so
-  "the first k" is not enough: its state lists what it delivered — every item before
-  ``prefix``, and the ``extras`` after it — and a resumed pass skips exactly those.
+- ``Resume.recorded()``: the stage keeps a record of each pass (:meth:`pipeflow.Stage.new_record`)
+  whose ``after(consumed)`` says where it stood once the consumer had taken ``consumed`` of
+  its outputs, in one of two forms:
+
+  - ``{"prefix": p, "extras": [...]}``: it delivers out of order (an unordered
+    ``parallel_map``), so "the first k" is not enough: every item numbered below ``p``, and
+    the ``extras`` after it, were delivered, and a resumed pass skips exactly those;
+  - ``{"inputs": n}`` or ``{"inputs": n, "start": m}``: a resumed pass skips the stage's
+    first ``n`` inputs (``context.offset == n``), and the stage skips its own first ``m``
+    outputs after that itself (``context.start == m``): ``ignore_errors`` (the inputs its
+    outputs and drops took), or a stage with a bounded buffer that restarts where its
+    buffer was last empty and makes the same ``m`` outputs again without yielding them.
 
 A state saved after the last item of an epoch, before the pass ended, resumes to an empty rest
 of that epoch, then the next epoch; a state saved after the pass ended is the next epoch's
@@ -175,16 +184,18 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
         if i + 1 < end:
             offsets[i + 1] = k  # stage i + 1 skips the k outputs of stage i
         saved = records.get(i)
-        if saved is not None and "inputs" in saved:  # a dropping stage said how many
-            answer = Resume.below(saved["inputs"])
-        else:
-            answer = stages[i].resumption(k, contexts[i])
+        if saved is not None and "inputs" in saved:  # a recording stage said where it stood
+            if saved.get("start"):  # it restarts at that input and skips its own outputs
+                start = (*start, (i, saved["start"]))
+            k = source_skip = saved["inputs"]
+            continue
+        answer = stages[i].resumption(k, contexts[i])
         if answer.kind == "below":
             k = source_skip = answer.inputs
             continue
         source_skip = 0
         if answer.kind == "seek":
-            start = ((i, k),)
+            start = (*start, (i, k))
         elif k:
             cut = ((i, k),)
         break

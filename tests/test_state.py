@@ -127,3 +127,10 @@ def test_garbage_is_refused() -> None:
     state["position"] = -1
     with pytest.raises(ValueError, match="at least 0"):
         loader.load_state_dict(state)
+
+
+def test_a_restarting_stage_skips_its_inputs_above_and_its_own_outputs_itself() -> None:
+    stages = (pf.map(abs), pf.ignore_errors(), pf.batch(4))
+    resume = {"position": 2, "stages": {1: {"inputs": 11, "start": 3}}}
+    got = plan(stages, contexts(3), resume)
+    assert got == Plan(source_skip=11, start=((1, 3),), offsets=(11, 11, 8))
