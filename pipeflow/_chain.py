@@ -41,6 +41,7 @@ def run(
     contexts = _contexts(planned, context)
     skip = plan(planned.stages, contexts, _local(resume, planned.fused)) if resume else Plan()
     extras, cuts = dict(skip.extras), dict(skip.cut)
+    saved = _local(resume, planned.fused).get("stages", {}) if resume else {}
     routes = _routes(planned, context.epoch)
     recs = record.stages if record is not None else [None] * len(routes)
     waits = record.waits if record is not None else None
@@ -57,7 +58,7 @@ def run(
             keys = routes[i + 1].keys
             if stage.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
-            kept = stage.new_record(here, extras.get(i))  # for state_dict()
+            kept = stage.new_record(here, saved.get(i))  # for state_dict()
             if kept is not None:
                 progress.deliveries[at] = kept
             hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))

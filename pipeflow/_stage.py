@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._context import Context, Hooks
+from pipeflow._seeds import config_slots, config_with_seeds
 from pipeflow.state import Resume
 
 __all__ = ["Pipe", "Source", "Stage"]
@@ -200,10 +201,24 @@ class Stage(Generic[In, Out]):
         """The context the next stage sees (this stage may publish ``facts`` for it)."""
         return context
 
-    def new_record(self, context: Context, resume: frozenset[int] | None) -> Any:
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
         """What this stage records in a pass for ``state_dict()`` (a stage whose
-        :meth:`resumption` answers ``recorded``); ``None`` for the others."""
+        :meth:`resumption` answers ``recorded``), given *saved*, its record in the state
+        the pass resumes from (``None`` when it starts the epoch); ``None`` for the others.
+        The object's ``after(consumed)`` gives the stage's record once the consumer took
+        *consumed* of the pass's outputs (see :mod:`pipeflow.state`)."""
         return None
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """Refuse a *record* for this stage in a state being loaded that :meth:`new_record`'s
+        ``after`` could not have made (a ``ValueError`` naming *where* and the key); return it
+        as the next pass should get it. *consumed*: how many of this stage's outputs the
+        state's position says were consumed, *total*: its inputs per epoch (``None`` where
+        unknown). A stage that keeps no record refuses any."""
+        msg = f"load_state_dict: {where} holds a record, but this stage keeps none"
+        raise ValueError(msg)
 
     def drops_failures(self) -> tuple[type[BaseException], ...]:
         """The exception types whose failed items this stage drops (``ignore_errors``)."""
@@ -230,6 +245,25 @@ class Stage(Generic[In, Out]):
 
     def close(self) -> None:
         """Release anything the stage holds across epochs (nothing, for most stages)."""
+
+    # -- seeds (see pipeflow._seeds) ----------------------------------------------------------
+    def seed_slots(self) -> list[tuple[str, int]]:
+        """Every seed in this stage's configuration, nested stages included, in order."""
+        return config_slots(self._name, self._config)
+
+    def with_seeds(self, seeds: Iterator[int]) -> Stage[In, Out]:
+        """This stage with its seeds taken in order from *seeds* (as :meth:`seed_slots` lists
+        them); itself when none changes."""
+        config = config_with_seeds(self._config, seeds)
+        if all(config[k] is self._config[k] for k in config):
+            return self
+        new = object.__new__(type(self))
+        for cls in type(self).__mro__:
+            for slot in getattr(cls, "__slots__", ()):
+                if slot.startswith("_") and hasattr(self, slot):
+                    object.__setattr__(new, slot, getattr(self, slot))
+        object.__setattr__(new, "_config", config)
+        return new
 
     # -- composition ------------------------------------------------------------------------
     @overload
@@ -375,6 +409,15 @@ class Pipe(Stage[In, Out]):
         for s in self._stages:
             s.close()
 
+    def seed_slots(self) -> list[tuple[str, int]]:
+        """Every stage's seeds, in order."""
+        return [slot for s in self._stages for slot in s.seed_slots()]
+
+    def with_seeds(self, seeds: Iterator[int]) -> Stage[In, Out]:
+        """Every stage with its seeds taken in order from *seeds*."""
+        stages = tuple(s.with_seeds(seeds) for s in self._stages)
+        return self if all(a is b for a, b in zip(stages, self._stages)) else Pipe(stages)
+
     def __repr__(self) -> str:
         return " | ".join(repr(s) for s in self._stages)
 
@@ -436,6 +479,21 @@ class Source(Generic[Out]):
     def describe(self) -> str:
         """The source's repr inside a loader's repr."""
         return f"{self.name}()"
+
+    def seed_slots(self) -> list[tuple[str, int]]:
+        """The source's seeds (a parallel source's, and its loader's), in order."""
+        return []
+
+    def with_seeds(self, seeds: Iterator[int]) -> Source[Out]:
+        """The source with its seeds taken in order from *seeds* (itself: none, by default)."""
+        return self
+
+    def check_record(self, record: Any, position: int) -> Any:
+        """Refuse a record for this source in a state being loaded that it could not have
+        made; return it as the next pass gets it (``context.saved``). A source that keeps no
+        record refuses any."""
+        msg = f"load_state_dict: state['source'] holds a record, but {self.name} keeps none"
+        raise ValueError(msg)
 
     def close(self) -> None:
         """Release anything the source holds across epochs (nothing, for most sources)."""

@@ -47,8 +47,13 @@ class _IgnoreErrors(Stage[T, T]):
         """What its first *k* outputs took of its inputs is in the pass's record."""
         return Resume.recorded()
 
-    def new_record(self, context: Context, resume: frozenset[int] | None) -> Any:
-        return Drops(context.offset)
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
+        return Drops(context.offset, saved.get("dropped", 0) if saved else 0)
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        return Drops.check(record, where, consumed, total)
 
 
 def ignore_errors(
@@ -127,7 +132,8 @@ def _ignore(
     total = context.total  # this stage's items per epoch (its inputs, less what it drops)
     limit = _limit(max_count, max_fraction, total)
     dropped: list[Failure] = []
-    seen = yielded = 0
+    earlier = drops.earlier if drops is not None else 0  # dropped before a resumed pass
+    seen, yielded = context.offset, 0
     try:
         for item in items:
             seen += 1
@@ -141,13 +147,16 @@ def _ignore(
                 continue
             dropped.append(item)
             _count(item, yielded, stats, drops)
-            over = limit is not None and len(dropped) > limit
+            spent = earlier + len(dropped)
+            over = limit is not None and spent > limit
             if max_fraction is not None and total is None and seen >= _MIN_SEEN:
-                over = over or len(dropped) > max_fraction * seen
+                over = over or spent > max_fraction * seen
             if over:
-                raise _over_budget(dropped, seen, max_count, max_fraction, total) from item.error
-        if max_fraction is not None and total is None and len(dropped) > max_fraction * seen:
-            raise _over_budget(dropped, seen, max_count, max_fraction, total)
+                error = _over_budget(dropped, earlier, seen, (max_count, max_fraction, total))
+                raise error from item.error
+        spent = earlier + len(dropped)
+        if max_fraction is not None and total is None and spent > max_fraction * seen:
+            raise _over_budget(dropped, earlier, seen, (max_count, max_fraction, total))
     finally:
         if dropped:
             _log(dropped, context.epoch)
@@ -163,8 +172,10 @@ def _limit(max_count: int | None, max_fraction: float | None, total: int | None)
 
 def _count(item: Failure, yielded: int, stats: StageRecord | None, drops: Drops | None) -> None:
     """Note a dropped *item* in the stage's statistics and the pass's record of drops."""
-    if drops is not None and not item.dropped:  # a sample dropped from its batch
-        drops.before.append(yielded)  # came in addition to the batch, not in its place
+    if drops is not None:
+        drops.every.append(yielded)
+        if not item.dropped:  # a sample dropped from its batch came in addition to the
+            drops.before.append(yielded)  # batch, not in its place
     if stats is not None:
         stats.ignored += 1
         room = _KEEP_INDICES - len(stats.ignored_indices)
@@ -173,11 +184,11 @@ def _count(item: Failure, yielded: int, stats: StageRecord | None, drops: Drops 
 
 def _over_budget(
     dropped: list[Failure],
+    earlier: int,
     seen: int,
-    max_count: int | None,
-    max_fraction: float | None,
-    total: int | None,
+    budget_of: tuple[int | None, float | None, int | None],
 ) -> ErrorBudgetExceeded:
+    max_count, max_fraction, total = budget_of
     budget = []
     if max_count is not None:
         budget.append(f"max_count={max_count}")
@@ -186,9 +197,11 @@ def _over_budget(
         budget.append(f"max_fraction={max_fraction} of {of}")
     indices = [i for f in dropped for i in f.indices]
     where = f" (sample indices {describe_indices(indices)})" if indices else ""
-    items = "item" if len(dropped) == 1 else "items"
+    count = earlier + len(dropped)
+    items = "item" if count == 1 else "items"
+    before = f", {earlier} of them before the pass resumed" if earlier else ""
     msg = (
-        f"ignore_errors: {len(dropped)} {items} failed this epoch{where}, over the budget "
+        f"ignore_errors: {count} {items} failed this epoch{where}{before}, over the budget "
         f"({', '.join(budget)}); the last error is the cause"
     )
     return ErrorBudgetExceeded(msg)

@@ -12,8 +12,11 @@ from pipeflow._chain import run
 from pipeflow._context import Context
 from pipeflow._layout import layout
 from pipeflow._plan import PassPlan, plan
+from pipeflow._random import DrawnSeed
+from pipeflow._seeds import replaced, slots
 from pipeflow._stage import Source, Stage
-from pipeflow.state import Progress, check, take
+from pipeflow._state_check import check
+from pipeflow.state import Progress, take
 from pipeflow.stats import LoaderRecord, Stats
 
 __all__ = ["Context", "Loader", "Source"]
@@ -133,6 +136,19 @@ class Loader(Generic[Out]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (Loader, (self._source, self._stages))
 
+    # -- seeds (see pipeflow._seeds) ----------------------------------------------------------
+    def seed_slots(self) -> list[tuple[str, int]]:
+        """Every seed of the pipeline (the source's, then each stage's), in order."""
+        return slots([self._source, *self._stages])
+
+    def with_seeds(self, seeds: Iterator[int]) -> Loader[Out]:
+        """A new loader of the same pipeline, its seeds taken in order from *seeds* (a
+        recipe: for a loader nested in a stage, such as ``parallel_source``'s)."""
+        source, *stages = replaced([self._source, *self._stages], seeds)
+        if source is self._source and all(a is b for a, b in zip(stages, self._stages)):
+            return self
+        return Loader(source, tuple(stages))
+
     # -- epochs -----------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
@@ -232,14 +248,33 @@ class Loader(Generic[Out]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next pass resume where *state* (from :meth:`state_dict`) was taken.
 
+        Everything is checked before anything changes: a refused state leaves the loader as
+        it was. Seeds this loader drew itself (a stage built with ``seed=None``) take the
+        state's, so a loader built afresh by the same code, in a new process, resumes.
+
         Raises:
-            ValueError: if *state* comes from a different pipeline (another source length,
-                stage list, batch size, seed...), naming what differs.
+            ValueError: if *state* is malformed, or comes from a different pipeline (another
+                source length, stage list, batch size, seed the user gave...), naming the key
+                or the setting.
         """
-        self._next = check(self._source, self._stages, self._length(), state)
-        self._next_epoch = state["epoch"]
+        loaded = check(self._source, self._stages, self._length(), state)
+        self._adopt(loaded.seeds)
+        self._next = loaded.resume
+        self._next_epoch = loaded.epoch
         if self._progress is not None:
             self._progress.superseded = True
+
+    def _adopt(self, seeds: list[int]) -> None:
+        """Take *seeds* (in :meth:`seed_slots` order) for the seeds this loader drew."""
+        mine = self.seed_slots()
+        if all(int(a) == b for (_, a), b in zip(mine, seeds)):
+            return
+        values = iter(
+            DrawnSeed(t) if isinstance(s, DrawnSeed) else s for (_, s), t in zip(mine, seeds)
+        )
+        source, *stages = replaced([self._source, *self._stages], values)
+        self.close()  # what ran on the old seeds (kept worker pools) stops
+        self._source, self._stages, self._plan = source, tuple(stages), None
 
     def _length(self) -> int | None:
         try:

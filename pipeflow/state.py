@@ -46,14 +46,18 @@ pipeline is refused with ``ValueError``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["VERSION", "Plan", "Progress", "Resume", "check", "fingerprint", "plan", "take"]
+from pipeflow._random import DrawnSeed
+from pipeflow._seeds import MASK, replaced, slots
 
-VERSION = 1
+__all__ = ["VERSION", "Plan", "Progress", "Resume", "fingerprint", "plan", "seeds", "take"]
+
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,30 @@ class Delivery:
         self.extras = extras
         self.order: list[int] = []
 
+    @staticmethod
+    def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
+        """Refuse a record that :meth:`after` could not have made for an epoch of *total*
+        items of which the consumer took *consumed* outputs (``None``: not known)."""
+        from pipeflow._state_check import integer, record_keys
+
+        record_keys(record, where, {"prefix", "extras"}, set())
+        prefix = integer(record["prefix"], f"{where}['prefix']", 0, total)
+        extras = record["extras"]
+        if not isinstance(extras, list):
+            msg = f"load_state_dict: {where}['extras'] must be a list (got {extras!r})"
+            raise ValueError(msg)
+        last = prefix
+        for i, x in enumerate(extras):
+            integer(x, f"{where}['extras'][{i}]", last + 1, None if total is None else total - 1)
+            last = x
+        if consumed is not None and prefix + len(extras) > consumed:
+            msg = (
+                f"load_state_dict: {where} says {prefix + len(extras)} items were delivered, "
+                f"but the state's position says only {consumed} outputs were consumed"
+            )
+            raise ValueError(msg)
+        return {"prefix": prefix, "extras": list(extras)}
+
     def after(self, consumed: int) -> dict[str, Any]:
         """The stage's state once the consumer took *consumed* of this pass's outputs."""
         done = set(self.extras) | set(self.order[:consumed])
@@ -112,15 +140,57 @@ class Drops:
     ``offset + consumed + (drops before)`` of its inputs: a resumed pass skips exactly those,
     so a dropped item is not read again."""
 
-    __slots__ = ("before", "offset")
+    __slots__ = ("before", "earlier", "every", "offset")
 
-    def __init__(self, offset: int) -> None:
+    def __init__(self, offset: int, earlier: int = 0) -> None:
         self.offset = offset  # inputs skipped before this pass (a resumed one)
-        self.before: list[int] = []
+        self.earlier = earlier  # failures dropped in this epoch before this pass
+        self.before: list[int] = []  # outputs yielded before each item dropped whole
+        self.every: list[int] = []  # outputs yielded before each drop (samples included)
 
     def after(self, consumed: int) -> dict[str, Any]:
-        """The stage's state once the consumer took *consumed* of this pass's outputs."""
-        return {"inputs": self.offset + consumed + sum(d <= consumed for d in self.before)}
+        """The stage's state once the consumer took *consumed* of this pass's outputs: the
+        inputs those outputs took, and the failures dropped so far in the epoch (what the
+        error budget has spent)."""
+        return {
+            "inputs": self.offset + consumed + sum(d <= consumed for d in self.before),
+            "dropped": self.earlier + sum(d <= consumed for d in self.every),
+        }
+
+    @staticmethod
+    def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
+        """Refuse a record :meth:`after` could not have made (see :func:`check_inputs`)."""
+        from pipeflow._state_check import integer
+
+        checked = check_inputs(record, where, consumed, total, {"dropped"})
+        if consumed is not None and checked["inputs"] < consumed:
+            msg = (
+                f"load_state_dict: {where} says its outputs took {checked['inputs']} inputs, "
+                f"but the state's position says {consumed} outputs were consumed"
+            )
+            raise ValueError(msg)
+        integer(checked.get("dropped", 0), f"{where}['dropped']")
+        return checked
+
+
+def check_inputs(
+    record: Any,
+    where: str,
+    consumed: int | None,
+    total: int | None,
+    optional: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Refuse an ``{"inputs": n, ...}`` record (see :class:`Resume`) that is malformed or
+    out of range: *n* is at most the stage's *total* inputs per epoch, and at least its
+    *consumed* outputs when it yields at most one output per input (a ``"start"``, other
+    keys in *optional*: integers at least 0, checked here; anything else is the stage's)."""
+    from pipeflow._state_check import integer, record_keys
+
+    record_keys(record, where, {"inputs"}, {"start", *optional})
+    inputs = integer(record["inputs"], f"{where}['inputs']", 0, total)
+    if "start" in record:
+        integer(record["start"], f"{where}['start']")
+    return {**record, "inputs": inputs}
 
 
 class Progress:
@@ -205,32 +275,35 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
     return Plan(source_skip, cut, start, tuple(offsets), extras)
 
 
-# -- taking and checking states ----------------------------------------------------------------
+# -- taking states ------------------------------------------------------------------------------
 def _identity(stage: Any) -> list[str]:
     identity = getattr(stage, "identity", None)
     return identity() if identity is not None else [repr(stage)]
 
 
 def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
-    """The pipeline's identity: its source and every stage, without runtime knobs.
+    """The pipeline's identity: its source and every stage, without runtime knobs, with every
+    seed shown as ``<seed>`` (seeds are compared apart: see :func:`seeds`).
 
     A ``parallel_map`` in order counts as the stages it runs, so states move freely between
     runs with and without workers.
     """
-    return [source.describe(), *(x for s in stages for x in _identity(s))]
+    source, *masked = replaced([source, *stages], itertools.repeat(MASK))
+    identity = getattr(source, "identity", None)
+    first = identity() if identity is not None else source.describe()
+    return [first, *(x for s in masked for x in _identity(s))]
 
 
-def _flat_index(stages: Sequence[Any], index: int) -> int:
+def seeds(source: Any, stages: Sequence[Any]) -> list[list[Any]]:
+    """Every seed of the pipeline as ``[owner, seed, drawn]``, in order (JSON-ready)."""
+    return [
+        [owner, int(seed), isinstance(seed, DrawnSeed)] for owner, seed in slots([source, *stages])
+    ]
+
+
+def flat_index(stages: Sequence[Any], index: int) -> int:
     """Where stage *index* starts in the fingerprint (after the source)."""
     return sum(len(_identity(s)) for s in stages[:index])
-
-
-def _stage_index(stages: Sequence[Any], flat: int) -> int:
-    for i in range(len(stages)):
-        if _flat_index(stages, i) == flat:
-            return i
-    msg = f"load_state_dict: the state names a stage at {flat} that this pipeline does not have"
-    raise ValueError(msg)
 
 
 def take(
@@ -242,13 +315,14 @@ def take(
 ) -> dict[str, Any]:
     """The state of a loader, given its latest pass and where its next pass would start.
 
-    *pending* is ``(epoch, resume)``: what the next pass does when no pass is in progress.
+    *pending* is ``(epoch, resume)``: what the next pass does when no pass is in progress (a
+    loaded state's records, kept as they were loaded).
     """
     flat_stages: dict[str, Any] = {}
     if progress is None or progress.superseded:
         epoch, resume = pending
         position = resume.get("position", 0)
-        flat_stages = {str(_flat_index(stages, k)): v for k, v in resume.get("stages", {}).items()}
+        flat_stages = {str(flat_index(stages, k)): v for k, v in resume.get("stages", {}).items()}
     elif progress.done:
         epoch, position = progress.epoch + 1, 0
     else:
@@ -258,9 +332,10 @@ def take(
         "pipeflow_state": VERSION,
         "epoch": epoch,
         "position": position,
-        "stages": flat_stages,
-        "pipeline": fingerprint(source, stages),
         "length": length,
+        "pipeline": fingerprint(source, stages),
+        "seeds": seeds(source, stages),
+        "stages": flat_stages,
     }
 
 
@@ -283,86 +358,13 @@ def _recorded(stages: Sequence[Any], progress: Progress) -> dict[str, Any]:
                 )
                 raise ValueError(msg)
             saved = record.after(consumed)
-            flat_stages[str(_flat_index(stages, i))] = saved
+            flat_stages[str(flat_index(stages, i))] = saved
             consumed = saved.get("inputs")  # None above an out-of-order stage
             continue
         if consumed is not None:
             answer = stages[i].resumption(consumed, None)
             consumed = answer.inputs if answer.kind == "below" else None
     return flat_stages
-
-
-def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) -> dict[str, Any]:
-    """Refuse a *state* that is not from a pipeline like this one, naming what differs.
-
-    Returns what the next pass needs: ``{"position": ..., "stages": {stage position: ...}}``.
-    """
-    _check_form(state)
-    _check_pipeline(fingerprint(source, stages), state["pipeline"])
-    _check_length(state, length)
-    records = state.get("stages", {})
-    return {
-        "position": state["position"],
-        "stages": {_stage_index(stages, int(k)): v for k, v in records.items()},
-    }
-
-
-def _check_form(state: Any) -> None:
-    """Refuse what is not a loader state of this version, with its fields' types and ranges."""
-    if not isinstance(state, dict) or state.get("pipeflow_state") != VERSION:
-        msg = (
-            "load_state_dict: not a pipeflow loader state (expected a dict from "
-            f"state_dict() with pipeflow_state={VERSION})"
-        )
-        raise ValueError(msg)
-    for key, kind in (("epoch", int), ("position", int), ("pipeline", list)):
-        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
-            msg = (
-                f"load_state_dict: state[{key!r}] must be a {kind.__name__} "
-                f"(got {state.get(key)!r})"
-            )
-            raise ValueError(msg)
-    if state["epoch"] < 0 or state["position"] < 0:
-        msg = (
-            "load_state_dict: epoch and position must be at least 0 "
-            f"(got {state['epoch']}, {state['position']})"
-        )
-        raise ValueError(msg)
-
-
-def _check_pipeline(here: list[str], there: list[str]) -> None:
-    """Refuse a state whose fingerprint *there* is not this pipeline's, *here*."""
-    if here == there:
-        return
-    for i, (a, b) in enumerate(zip(here, there)):
-        if a != b:
-            what = "the source" if i == 0 else f"stage {i}"
-            msg = (
-                f"load_state_dict: the state is from a different pipeline: {what} is {a} "
-                f"here but {b} in the state"
-            )
-            raise ValueError(msg)
-    msg = (
-        f"load_state_dict: the state is from a different pipeline: {len(here) - 1} stages "
-        f"here, {len(there) - 1} in the state ({' | '.join(there)})"
-    )
-    raise ValueError(msg)
-
-
-def _check_length(state: dict[str, Any], length: int | None) -> None:
-    """Refuse a state from a pipeline of another length, or one past the epoch's end."""
-    if state.get("length") != length:
-        msg = (
-            f"load_state_dict: the state is from a pipeline of another length: {length} "
-            f"outputs per epoch here, {state.get('length')} in the state"
-        )
-        raise ValueError(msg)
-    if length is not None and state["position"] > length:
-        msg = (
-            f"load_state_dict: the state's position {state['position']} lies past the end of "
-            f"the epoch ({length} outputs per epoch)"
-        )
-        raise ValueError(msg)
 
 
 # -- the pieces a pass runs --------------------------------------------------------------------

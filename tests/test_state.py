@@ -65,7 +65,7 @@ def test_drops_count_every_drop_before_the_consumed_outputs(before, consumed) ->
     drops = Drops(offset=5)
     drops.before += sorted(before)
     want = 5 + consumed + len([d for d in before if d <= consumed])
-    assert drops.after(consumed) == {"inputs": want}
+    assert drops.after(consumed)["inputs"] == want
 
 
 @settings(max_examples=40, deadline=None)
@@ -107,7 +107,7 @@ def test_a_state_past_the_end_of_the_epoch_is_refused() -> None:
     ("other", "words"),
     [
         (pf.indices(11) | pf.shuffle(seed=1) | pf.batch(3), "source is indices(11)"),
-        (pf.indices(10) | pf.shuffle(seed=2) | pf.batch(3), "shuffle(seed=2)"),
+        (pf.indices(10) | pf.shuffle(seed=2) | pf.batch(3), "shuffle's seed is 2 here but 1"),
         (pf.indices(10) | pf.shuffle(seed=1) | pf.batch(4), "batch(size=4"),
         (pf.indices(10) | pf.shuffle(seed=1), "1 stages here, 2 in the state"),
     ],

@@ -45,11 +45,19 @@ class ParallelMap(Stage[T, U]):
         the pass records what it delivered."""
         return Resume.below(k) if self._config["settings"].ordered else Resume.recorded()
 
-    def new_record(self, context: Context, resume: frozenset[int] | None) -> Any:
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
         """Out of order: which items this pass delivered, for ``state_dict()``."""
         if self._config["settings"].ordered:
             return None
-        return Delivery(context.offset, resume or frozenset())
+        return Delivery(context.offset, frozenset(saved["extras"]) if saved else frozenset())
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """Out of order: a :class:`~pipeflow.state.Delivery` record."""
+        if self._config["settings"].ordered:
+            return super().check_record(record, where, consumed, total)
+        return Delivery.check(record, where, consumed, total)
 
     def identity(self) -> list[str]:
         """What resumption compares: the work and the delivery order, not the workers.

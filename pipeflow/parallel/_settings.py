@@ -3,9 +3,11 @@ for is built by :func:`pipeflow.parallel._kept.make_pool`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.context
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
+from pipeflow._seeds import WORKERS_SLOT
 
 __all__ = ["COROUTINES_PER_WORKER", "Settings", "settings"]
 
@@ -54,6 +57,16 @@ class Settings:
         if context.base_seed is not None:
             return context.base_seed
         return derive(self.seed, WORKERS, context.epoch) >> 1  # 63 bits, as torch's seeds
+
+    def seed_slots(self) -> list[tuple[str, int]]:
+        """The workers' seed, as a seed of the pipeline (see :mod:`pipeflow._seeds`); the
+        stage that holds these settings names it (``"parallel_map workers"``)."""
+        return [(WORKERS_SLOT, self.seed)]
+
+    def with_seeds(self, seeds: Iterator[int]) -> Settings:
+        """These settings with the workers' seed taken from *seeds*."""
+        seed = next(seeds)
+        return self if seed is self.seed else dataclasses.replace(self, seed=seed)
 
     def describe(self, name: str, first: str) -> str:
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""

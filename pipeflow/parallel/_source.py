@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
+from pipeflow._seeds import WORKERS_SLOT
 from pipeflow.loader import Loader, Source
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
@@ -35,6 +36,16 @@ class _ParallelSource(Source[Any]):
 
     def describe(self) -> str:
         return self.config.describe("parallel_source", repr(self.loader))
+
+    def seed_slots(self) -> list[tuple[str, int]]:
+        return [*self.loader.seed_slots(), ("parallel_source" + WORKERS_SLOT, self.config.seed)]
+
+    def with_seeds(self, seeds: Iterator[int]) -> _ParallelSource:
+        loader = self.loader.with_seeds(seeds)
+        config = self.config.with_seeds(seeds)
+        if loader is self.loader and config is self.config:
+            return self
+        return _ParallelSource(loader, config)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_ParallelSource, (self.loader, self.config))

@@ -1,0 +1,233 @@
+"""Loading a state: everything is checked before anything changes.
+
+:func:`check` refuses a state that is malformed (a missing key, a wrong type, a value out of
+range, another version), that comes from another pipeline (another stage, size, dataset
+length), or whose seeds differ from seeds the user gave, each with a ``ValueError`` that
+names the key or the setting. It returns what the loader then applies all at once: the
+epoch, where the next pass starts, each record by stage position, and the seeds to adopt
+(the ones this loader drew itself take the state's: see :mod:`pipeflow._seeds`).
+
+Records are checked by the stage that keeps them (:meth:`pipeflow.Stage.check_record`), with
+what the position says that stage's consumer took, so a record that would skip what was not
+delivered, or deliver again what was, is refused instead of giving wrong data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from pipeflow._seeds import is_workers
+from pipeflow.state import VERSION, fingerprint, flat_index, seeds
+
+__all__ = ["Loaded", "check", "integer", "record_keys"]
+
+
+class Loaded(NamedTuple):
+    """A checked state, ready to apply.
+
+    Attributes:
+        epoch: the epoch of the next pass.
+        resume: ``{"position": ..., "stages": {stage position: record}}`` for the next pass
+            (``"source"``: the source's record, when it keeps one).
+        seeds: the seeds to give the pipeline, in :func:`pipeflow._seeds.slots` order.
+    """
+
+    epoch: int
+    resume: dict[str, Any]
+    seeds: list[int]
+
+
+def _fail(msg: str) -> ValueError:
+    return ValueError(f"load_state_dict: {msg}")
+
+
+def integer(value: Any, where: str, low: int = 0, high: int | None = None) -> int:
+    """*value* as an int in ``[low, high]``, else a ``ValueError`` naming *where*."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{where} must be an integer (got {value!r})"
+        raise _fail(msg)
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        msg = f"{where} must be {bound} (got {value})"
+        raise _fail(msg)
+    return value
+
+
+def record_keys(record: Any, where: str, required: set[str], optional: set[str]) -> None:
+    """Refuse a record that is not a dict with the *required* keys and no unknown one."""
+    if not isinstance(record, dict):
+        msg = f"{where} must be a dict (got {type(record).__name__})"
+        raise _fail(msg)
+    missing = sorted(required - set(record))
+    if missing:
+        msg = f"{where} lacks the key {missing[0]!r} (it has {sorted(map(str, record))})"
+        raise _fail(msg)
+    unknown = sorted(set(map(str, record)) - required - optional)
+    if unknown:
+        msg = f"{where} has an unknown key {unknown[0]!r} (known: {sorted(required | optional)})"
+        raise _fail(msg)
+
+
+def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) -> Loaded:
+    """Check *state* against the pipeline *source* | *stages*; see the module's text."""
+    _check_form(state)
+    _check_pipeline(fingerprint(source, stages), state["pipeline"])
+    adopted = _check_seeds(seeds(source, stages), state["seeds"])
+    _check_length(state, length)
+    records = _check_records(stages, _totals(source, stages), state)
+    resume: dict[str, Any] = {"position": state["position"], "stages": records}
+    if "source" in state:
+        resume["source"] = source.check_record(state["source"], state["position"])
+    return Loaded(state["epoch"], resume, adopted)
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "epoch": int,
+    "position": int,
+    "length": (int, type(None)),
+    "pipeline": list,
+    "seeds": list,
+    "stages": dict,
+}
+
+
+def _check_form(state: Any) -> None:
+    """Refuse what is not a loader state of this version, with its fields' types and ranges."""
+    if not isinstance(state, dict) or "pipeflow_state" not in state:
+        msg = (
+            "not a pipeflow loader state (expected the dict from a loader's state_dict(), "
+            f"with pipeflow_state={VERSION}; got {type(state).__name__})"
+        )
+        raise _fail(msg)
+    if state["pipeflow_state"] != VERSION:
+        msg = (
+            f"the state is in format {state['pipeflow_state']!r}, and this pipeflow reads "
+            f"format {VERSION}: take the state again with this version"
+        )
+        raise _fail(msg)
+    record_keys(state, "the state", {*_TYPES, "pipeflow_state"}, {"source"})
+    for key, kind in _TYPES.items():
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            msg = f"state[{key!r}] must be {_kind(kind)} (got {value!r})"
+            raise _fail(msg)
+    integer(state["epoch"], "state['epoch']")
+    integer(state["position"], "state['position']")
+    if state["length"] is not None:
+        integer(state["length"], "state['length']")
+    if not all(isinstance(x, str) for x in state["pipeline"]):
+        raise _fail("state['pipeline'] must be a list of strings")
+    for i, slot in enumerate(state["seeds"]):
+        ok = isinstance(slot, list) and len(slot) == 3 and isinstance(slot[0], str)
+        if not ok or not isinstance(slot[2], bool):
+            msg = f"state['seeds'][{i}] must be [owner, seed, drawn] (got {slot!r})"
+            raise _fail(msg)
+        integer(slot[1], f"state['seeds'][{i}][1]", 0, 2**64 - 1)
+
+
+def _kind(kind: Any) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(_kind(k) for k in kind)
+    return {int: "an integer", list: "a list", dict: "a dict", type(None): "None"}[kind]
+
+
+def _check_pipeline(here: list[str], there: list[str]) -> None:
+    """Refuse a state whose fingerprint *there* is not this pipeline's, *here*."""
+    if here == there:
+        return
+    for i, (a, b) in enumerate(zip(here, there)):
+        if a != b:
+            what = "the source" if i == 0 else f"stage {i}"
+            msg = (
+                f"the state is from a different pipeline: {what} is {a} here but {b} in the "
+                "state (what each stage is must match: its kind, sizes and functions)"
+            )
+            raise _fail(msg)
+    msg = (
+        f"the state is from a different pipeline: {len(here) - 1} stages here, "
+        f"{len(there) - 1} in the state ({' | '.join(there)})"
+    )
+    raise _fail(msg)
+
+
+def _check_seeds(here: list[list[Any]], there: list[list[Any]]) -> list[int]:
+    """The seeds the pipeline takes: the state's, where this loader drew its own; refuse a
+    seed the user gave that the state's differs from. The workers' seeds of parallel stages
+    (which a pipeline may have or not: see :data:`pipeflow._seeds.WORKERS_SLOT`) are taken
+    where the state has them for the same stages, and are never refused."""
+    data_here = [slot for slot in here if not is_workers(slot[0])]
+    data_there = [slot for slot in there if not is_workers(slot[0])]
+    if [o for o, _, _ in data_here] != [o for o, _, _ in data_there]:
+        msg = (
+            f"the state's seeds belong to {[o for o, _, _ in data_there]}, this pipeline's "
+            f"to {[o for o, _, _ in data_here]}"
+        )
+        raise _fail(msg)
+    for (owner, mine, drawn), (_, theirs, _) in zip(data_here, data_there):
+        if not drawn and mine != theirs:
+            msg = (
+                f"the state is from a different pipeline: {owner}'s seed is {mine} here but "
+                f"{theirs} in the state, so the rest of the epoch would draw other numbers; "
+                f"build it with seed={theirs}, or with seed=None to take the state's"
+            )
+            raise _fail(msg)
+    workers_here = [s for s in here if is_workers(s[0])]
+    workers_there = [s for s in there if is_workers(s[0])]
+    same = [o for o, _, _ in workers_here] == [o for o, _, _ in workers_there]
+    data = iter(theirs for _, theirs, _ in data_there)
+    workers = iter(s[1] for s in (workers_there if same else workers_here))
+    return [next(workers) if is_workers(owner) else next(data) for owner, _, _ in here]
+
+
+def _check_length(state: dict[str, Any], length: int | None) -> None:
+    """Refuse a state from a pipeline of another length, or one past the epoch's end."""
+    if state["length"] != length:
+        msg = (
+            f"the state is from a pipeline of another length: {length} outputs per epoch "
+            f"here, {state['length']} in the state (another dataset size, batch size or "
+            "drop_last?)"
+        )
+        raise _fail(msg)
+    if length is not None and state["position"] > length:
+        msg = (
+            f"the state's position {state['position']} lies past the end of the epoch "
+            f"({length} outputs per epoch)"
+        )
+        raise _fail(msg)
+
+
+def _check_records(
+    stages: Sequence[Any], totals: list[int | None], state: dict[str, Any]
+) -> dict[int, Any]:
+    """Each stage's record, checked by the stage (told how many of its outputs the position
+    says were consumed, and its inputs per epoch), keyed by the stage's position."""
+    by_flat = {flat_index(stages, i): i for i in range(len(stages))}
+    records: dict[int, Any] = {}
+    for key, record in state["stages"].items():
+        flat = int(key) if isinstance(key, str) and key.isdigit() else None
+        if flat is None or flat not in by_flat:
+            msg = f"state['stages'] names a stage at {key!r}, which this pipeline does not have"
+            raise _fail(msg)
+        records[by_flat[flat]] = record
+    out: dict[int, Any] = {}
+    k: int | None = state["position"]  # outputs of stage i consumed, from the last stage up
+    for i in range(len(stages) - 1, -1, -1):
+        if i in records:
+            where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
+            out[i] = stages[i].check_record(records[i], where, k, totals[i])
+            k = out[i].get("inputs")  # what it took of its inputs (None: out of order)
+        elif k is not None:
+            answer = stages[i].resumption(k, None)
+            k = answer.inputs if answer.kind == "below" else None
+    return out
+
+
+def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:
+    """Each stage's inputs per epoch, where known."""
+    out: list[int | None] = []
+    n = source.length()
+    for s in stages:
+        out.append(n)
+        n = None if n is None else s.length(n)
+    return out
