@@ -47,7 +47,7 @@ def run(
     waits = record.waits if record is not None else None
     chain: list[Iterator[Any]] = []
     try:
-        it = _source(planned, context, skip, recs[0], resources)
+        it = _source(planned, context, skip, recs[0], resources, resume, progress)
         if not planned.direct:
             it = _wrap(it, routes[0], recs[0], waits if not planned.stages else None)
         chain.append(it)
@@ -75,15 +75,25 @@ def run(
 
 
 def _source(
-    planned: PassPlan, context: Context, skip: Plan, rec: Any, resources: dict[int, Any]
+    planned: PassPlan,
+    context: Context,
+    skip: Plan,
+    rec: Any,
+    resources: dict[int, Any],
+    resume: dict[str, Any],
+    progress: Progress,
 ) -> Iterator[Any]:
-    """The source's iterator, started where a resumed pass starts."""
+    """The source's iterator, started where a resumed pass starts (from the source's record
+    in the state, for a source that keeps one)."""
     source = planned.source
     start = skip.source_skip
     first = replace(context, start=start if source.seekable() else 0)
-    if source.uses_hooks:  # a parallel source: its pool is kept by the loader
-        hooks = Hooks(rec, None, None, resources.setdefault(-1, {}))
+    if source.uses_hooks:  # it keeps a pool, or a record of its objects' states
+        ahead = any(s.reads_ahead for s in planned.stages)
+        saved = resume.get("source")
+        hooks = Hooks(rec, None, None, resources.setdefault(-1, {}), saved, ahead)
         it: Iterator[Any] = source.iterate(first, hooks)  # type: ignore[call-arg]
+        progress.source = hooks.record
     else:
         it = source.iterate(first)
     if start and not source.seekable():

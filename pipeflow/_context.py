@@ -66,9 +66,14 @@ class Hooks:
             :meth:`~pipeflow.Stage.new_record` made), or ``None``.
         resources: things the stage keeps across the loader's passes (a persistent worker
             pool), by key; the loader closes them in ``close()``.
+        saved: the stage's (or source's) record in the state a resumed pass starts from, or
+            ``None``.
+        history: a later stage reads ahead of the consumer (a parallel stage, a prefetching
+            thread): a producer of items keeps a snapshot of its stateful objects after each
+            item (see :mod:`pipeflow._objects`).
     """
 
-    __slots__ = ("record", "resources", "resume", "stats")
+    __slots__ = ("history", "record", "resources", "resume", "saved", "stats")
 
     def __init__(
         self,
@@ -76,8 +81,12 @@ class Hooks:
         resume: frozenset[int] | None = None,
         record: Any = None,
         resources: dict[Any, Any] | None = None,
+        saved: Any = None,
+        history: bool = False,
     ) -> None:
         self.stats = stats
         self.resume = resume
         self.record = record
         self.resources = {} if resources is None else resources
+        self.saved = saved
+        self.history = history

@@ -5,7 +5,7 @@ a sampler drawn at ``iter()``, and torch's words in worker errors."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import torch
@@ -14,7 +14,7 @@ import torch.utils.data as tud
 from pipeflow.collate import default_collate
 from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
 from pipeflow.parallel._kept import pass_pool
-from pipeflow.sources import _FromIterable
+from pipeflow.sources import _FromIterable, _FromSampler
 
 
 def _collate_worker_rules(batch: Any) -> Any:
@@ -102,15 +102,16 @@ class _Stream(_FromIterable):
         return None
 
 
-class _Primed:
-    """A sampler whose next ``iter()`` can be made to draw its first items ahead of use."""
+class _Sampled(_FromSampler):
+    """The facade's source for a map-style dataset: its sampler, whose next ``iter()`` can be
+    made to draw its first items ahead of use, as torch's iterator does with workers."""
 
     def __init__(self, sampler: Iterable[Any]) -> None:
-        self.sampler = sampler
+        super().__init__(sampler, set_epoch=False)  # torch never calls set_epoch itself
         self.last: _PrimedIter | None = None
 
-    def __iter__(self) -> Iterator[Any]:
-        self.last = _PrimedIter(iter(self.sampler))
+    def iterate(self, context: Any, hooks: Any = None) -> Iterator[Any]:
+        self.last = _PrimedIter(super().iterate(context, hooks))
         return self.last
 
     def prime(self, count: int) -> None:
@@ -118,19 +119,6 @@ class _Primed:
         if self.last is not None:
             self.last.prime(count)
             self.last = None
-
-    def __repr__(self) -> str:  # described as the sampler itself: states move across
-        text = repr(self.sampler)  # worker counts (the wrapper is there with workers only)
-        return f"<{type(self.sampler).__qualname__}>" if " object at 0x" in text else text
-
-
-class _SizedPrimed(_Primed):
-    def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
-
-
-def _primed(sampler: Iterable[Any]) -> _Primed:
-    return _SizedPrimed(sampler) if isinstance(sampler, Sized) else _Primed(sampler)
 
 
 class _PrimedIter:

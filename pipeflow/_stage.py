@@ -238,6 +238,11 @@ class Stage(Generic[In, Out]):
     #: and the source's row in ``stats()`` counts what it took (see :mod:`pipeflow._plan`).
     reads_in_runs = False
 
+    #: Whether the stage reads its input ahead of its consumer (a parallel stage, a
+    #: prefetching thread): then the stateful objects above it keep a snapshot after every
+    #: item, so a state is taken where the consumer stood (see :mod:`pipeflow._objects`).
+    reads_ahead = False
+
     def without_torch(self) -> Stage[In, Out]:
         """This stage as a worker that has not imported torch should run it (the same one,
         unless the stage has a numpy-only form that makes the tensors on arrival)."""

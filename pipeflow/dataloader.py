@@ -26,8 +26,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from pipeflow._facade import (
     _REPLICA_HINT,
     _collate_in_worker,
-    _Primed,
-    _primed,
+    _Sampled,
     _Stream,
     _WorkerIter,
     _Workers,
@@ -38,7 +37,6 @@ from pipeflow.device import _accelerator, pin_memory
 from pipeflow.fetch import fetch
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
-from pipeflow.sources import from_sampler
 
 __all__ = ["DataLoader"]
 
@@ -121,7 +119,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_rng_at_start: str | None = None
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
-        self._pf_primed: _Primed | None = None
+        self._pf_sampled: _Sampled | None = None
         self._pf_stream: _Stream | None = None
 
     # -- the pipeline ----------------------------------------------------------------------
@@ -146,7 +144,7 @@ class DataLoader(tud.DataLoader[T_co]):
             return self._pf_loader
         collate_fn = self._faster_collate()
         workers = self._worker_settings()
-        self._pf_primed = None
+        self._pf_sampled = None
         if self._dataset_kind == _DatasetKind.Iterable:
             loader = self._iterable_pipeline(collate_fn, workers)
         else:
@@ -212,18 +210,20 @@ class DataLoader(tud.DataLoader[T_co]):
         return loader
 
     def _map_pipeline(self, collate_fn: Callable[..., Any], workers: dict[str, Any]) -> Loader[Any]:
-        """A map-style dataset's pipeline: the (batch) sampler, then ``fetch`` and ``collate``;
-        with workers (or out of order), those two in ``parallel_map``."""
-        # torch never calls set_epoch on samplers itself; the user does.
-        sampler: Iterable[Any] = self._index_sampler
-        if workers["workers"] > 0:  # torch draws the first indices at iter(): see __iter__
-            sampler = self._pf_primed = _primed(sampler)
-        source = from_sampler(sampler, set_epoch=False)
+        """A map-style dataset's pipeline: the sampler, ``batch`` (for torch's own batch
+        sampler, which batches the same way: the sampler is then the source, so a stateful
+        one is saved and restored), ``fetch`` and ``collate``; with workers (or out of
+        order), those two in ``parallel_map``."""
+        ours = self.batch_size is not None and type(self.batch_sampler) is tud.BatchSampler
+        sampler = self.sampler if ours else self._index_sampler
+        self._pf_sampled = _Sampled(sampler)
+        loader: Loader[Any] = Loader(self._pf_sampled)
+        if ours:
+            loader = loader | batch(operator.index(self.batch_size), drop_last=bool(self.drop_last))
         work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
         if workers["workers"] > 0 or not workers["ordered"]:  # batch k to worker k % workers
             work = parallel_map(work, round_robin=True, **workers)
-        loader: Loader[Any] = source | work
-        return loader
+        return loader | work
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.timeout != 0 and self.num_workers == 0:
@@ -252,11 +252,13 @@ class DataLoader(tud.DataLoader[T_co]):
                 from pipeflow._datapipes import share_seed
 
                 share_seed(self.dataset, self.generator, self)
-        if self._pf_primed is not None:
+        if self._pf_sampled is not None and self.num_workers > 0:
             # torch's worker iterator puts prefetch_factor * num_workers batches of indices
             # in its queues before iter() returns: the sampler's order is drawn there, after
             # the base seed. Two live iterators (zip(dl, dl)) then see what torch's see.
-            self._pf_primed.prime(operator.index(self.prefetch_factor or 0) * self.num_workers)
+            batches = operator.index(self.prefetch_factor or 0) * self.num_workers
+            per_batch = self.batch_size if type(self.batch_sampler) is tud.BatchSampler else 1
+            self._pf_sampled.prime(batches * (per_batch or 1))
         if (
             self._dataset_kind == _DatasetKind.Iterable
             and self._IterableDataset_len_called is not None

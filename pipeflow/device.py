@@ -65,7 +65,14 @@ def pin_memory(*, prefetch: int = 2) -> Stage[T, T]:
     """
     prefetch = _checks.integer("pin_memory", "prefetch", prefetch, low=1)
     config = {"prefetch": prefetch}
-    return Stage(_pin_memory, "pin_memory", config, length="same", skip="same", failures="pass")
+    return _Ahead(_pin_memory, "pin_memory", config, length="same", skip="same", failures="pass")
+
+
+class _Ahead(Stage[T, T]):
+    """A stage that reads its input ahead of its consumer, in a thread."""
+
+    __slots__ = ()
+    reads_ahead = True
 
 
 def _accelerator() -> bool:

@@ -7,11 +7,14 @@ already iterable, and ``source | stage`` extends it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sized
+from itertools import islice
 from typing import Any, TypeVar
 
 from pipeflow import _checks
-from pipeflow._context import Context
+from pipeflow._context import Context, Hooks
+from pipeflow._objects import Snapshots, check_snapshot, is_stateful, restore, snapshot
 from pipeflow._plan import Positions
+from pipeflow._samplers import describe_sampler
 from pipeflow._stage import Source, _short
 from pipeflow.errors import PipeflowError
 from pipeflow.loader import Loader
@@ -85,25 +88,62 @@ def indices(n_or_sized: int | Sized) -> Loader[int]:
     return Loader(_Indices(n))
 
 
-class _FromSampler(Source[Any]):
+class _Restoring(Source[Any]):
+    """A source that reads a user object's iterator: a stateful object (and iterator) is
+    restored where a resumed pass starts, and tracked for ``state_dict()`` (see
+    :mod:`pipeflow._objects`); the others are read again up to there."""
+
+    uses_hooks = True  # the loader hands it what a resumed pass starts from, and its record
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def seekable(self) -> bool:
+        return True  # it reads up to ``context.start`` itself (from a snapshot, when saved)
+
+    def _iterator(self, context: Context, hooks: Hooks | None) -> Iterator[Any]:
+        """``iter(obj)`` (restored, in a resumed pass), reading up to ``context.start`` at
+        its first ``next()`` (as a sampler draws its order there: the generators it draws
+        from see the same draws as an uninterrupted run)."""
+        saved = hooks.saved if hooks is not None else None
+        it = restore(self.obj, saved) if saved is not None else iter(self.obj)
+        read = saved["at"] if saved is not None else 0
+        skip = max(context.start - read, 0)  # what the snapshot does not cover
+        if hooks is None or not (is_stateful(self.obj) or is_stateful(it)):
+            return islice(it, skip, None) if skip else it
+        snaps = Snapshots(self.obj, it, min(read, context.start), hooks.history, saved)
+        hooks.record = snaps
+        return snaps.tracking(it, skip)
+
+    def idle_record(self) -> dict[str, Any] | None:
+        """The record of a state taken between passes: the object's state now."""
+        return {"at": 0, **snapshot(self.obj, None)} if is_stateful(self.obj) else None
+
+    def check_record(self, record: Any, position: int) -> dict[str, Any]:
+        """A :func:`~pipeflow._objects.snapshot` at item ``"at"`` (at most *position*)."""
+        return check_snapshot(record, "state['source']", position)
+
+
+class _FromSampler(_Restoring):
     name = "from_sampler"
 
     def __init__(self, sampler: Iterable[Any], set_epoch: bool) -> None:
+        super().__init__(sampler)
         self.sampler = sampler
         self.set_epoch = set_epoch
 
-    def iterate(self, context: Context) -> Iterator[Any]:
+    def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
         if self.set_epoch:
             hook = getattr(self.sampler, "set_epoch", None)
             if callable(hook):
                 hook(context.epoch)
-        return iter(self.sampler)
+        return self._iterator(context, hooks)
 
     def length(self) -> int | None:
         return len(self.sampler) if isinstance(self.sampler, Sized) else None
 
     def describe(self) -> str:
-        return f"from_sampler({_short(self.sampler)})"
+        return f"from_sampler({describe_sampler(self.sampler)})"
 
 
 def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
@@ -136,15 +176,16 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
     return Loader(_FromSampler(sampler, set_epoch))
 
 
-class _FromIterable(Source[Any]):
+class _FromIterable(_Restoring):
     name = "from_iterable"
 
     def __init__(self, iterable: Iterable[Any]) -> None:
+        super().__init__(iterable)
         self.iterable = iterable
         self.one_shot = isinstance(iterable, Iterator)
         self.used_by: int | None = None
 
-    def iterate(self, context: Context) -> Iterator[Any]:
+    def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
         if self.one_shot:
             if self.used_by is not None:
                 msg = (
@@ -155,7 +196,7 @@ class _FromIterable(Source[Any]):
                 )
                 raise PipeflowError(msg)
             self.used_by = context.epoch
-        return iter(self.iterable)
+        return self._iterator(context, hooks)
 
     def length(self) -> int | None:
         if isinstance(self.iterable, Sized):

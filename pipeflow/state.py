@@ -196,9 +196,10 @@ def check_inputs(
 class Progress:
     """One pass, as resumption sees it: its epoch, where it started, what it delivered."""
 
-    __slots__ = ("delivered", "deliveries", "done", "epoch", "start", "superseded")
+    __slots__ = ("delivered", "deliveries", "done", "epoch", "source", "start", "superseded")
 
     def __init__(self, epoch: int, start: int) -> None:
+        self.source: Any = None  # the source's record (its stateful objects' snapshots)
         self.epoch = epoch
         self.start = start  # outputs of this epoch skipped (a resumed pass)
         self.delivered = 0  # outputs yielded by this pass
@@ -318,34 +319,44 @@ def take(
     *pending* is ``(epoch, resume)``: what the next pass does when no pass is in progress (a
     loaded state's records, kept as they were loaded).
     """
-    flat_stages: dict[str, Any] = {}
+    records: dict[int, Any] = {}
+    idle = getattr(source, "idle_record", None)
     if progress is None or progress.superseded:
         epoch, resume = pending
         position = resume.get("position", 0)
-        flat_stages = {str(flat_index(stages, k)): v for k, v in resume.get("stages", {}).items()}
+        records = resume.get("stages", {})
+        kept = resume.get("source", idle() if idle is not None else None)
     elif progress.done:
         epoch, position = progress.epoch + 1, 0
+        kept = idle() if idle is not None else None
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
-        flat_stages = _recorded(stages, progress)
-    return {
+        records = _recorded(stages, progress)
+        kept = None
+        if progress.source is not None:
+            needed = plan(stages, [None] * len(stages), {"position": position, "stages": records})
+            kept = progress.source.after(needed.source_skip)
+    state = {
         "pipeflow_state": VERSION,
         "epoch": epoch,
         "position": position,
         "length": length,
         "pipeline": fingerprint(source, stages),
         "seeds": seeds(source, stages),
-        "stages": flat_stages,
+        "stages": {str(flat_index(stages, k)): v for k, v in records.items()},
     }
+    if kept is not None:
+        state["source"] = kept
+    return state
 
 
-def _recorded(stages: Sequence[Any], progress: Progress) -> dict[str, Any]:
-    """What the recording stages of a pass in progress hold, by their place in the fingerprint.
+def _recorded(stages: Sequence[Any], progress: Progress) -> dict[int, Any]:
+    """What the recording stages of a pass in progress hold, by stage position.
 
     Walks from the last stage up, turning the outputs the consumer took into each stage's
     inputs taken, so every record is read at the count of its own outputs consumed.
     """
-    flat_stages: dict[str, Any] = {}
+    records: dict[int, Any] = {}
     consumed: int | None = progress.delivered  # outputs of stage i taken, from the end
     for i in range(len(stages) - 1, -1, -1):
         record = progress.deliveries.get(i)
@@ -358,13 +369,13 @@ def _recorded(stages: Sequence[Any], progress: Progress) -> dict[str, Any]:
                 )
                 raise ValueError(msg)
             saved = record.after(consumed)
-            flat_stages[str(flat_index(stages, i))] = saved
+            records[i] = saved
             consumed = saved.get("inputs")  # None above an out-of-order stage
             continue
         if consumed is not None:
             answer = stages[i].resumption(consumed, None)
             consumed = answer.inputs if answer.kind == "below" else None
-    return flat_stages
+    return records
 
 
 # -- the pieces a pass runs --------------------------------------------------------------------

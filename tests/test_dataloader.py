@@ -284,7 +284,7 @@ def test_iteration_runs_on_pipeflow_stages() -> None:
     dl = pf.DataLoader(ArrayDataset(10), batch_size=4, shuffle=True)
     loader = dl.pipeline()
     assert isinstance(loader, pf.Loader)
-    assert [s.name for s in loader.stages] == ["fetch", "collate"]
+    assert [s.name for s in loader.stages] == ["batch", "fetch", "collate"]
     it = iter(dl)
     assert not isinstance(it, tud.dataloader._BaseDataLoaderIter)
     next(it)

@@ -27,6 +27,7 @@ class ParallelMap(Stage[T, U]):
 
     __slots__ = ()
     reads_in_runs = True  # it takes its items as many at a time as there is room for
+    reads_ahead = True
 
     def __init__(self, fn: Any, config: Settings) -> None:
         config_ = {"fn": fn, "settings": config}

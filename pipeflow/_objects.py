@@ -1,0 +1,136 @@
+"""The user's stateful objects: saved with a loader's state, restored where it resumes.
+
+A dataset, a sampler or an iterable (and the iterator it returns) that has ``state_dict()``
+and ``load_state_dict(state)`` — torchdata's ``Stateful`` protocol — is *stateful*. Its state is
+taken where the consumer stood, not where prefetching had got to, and restored before the
+resumed pass reads it, so that what it does next is what it would have done:
+
+- the object's state (``obj.state_dict()``) is loaded before ``iter(obj)``;
+- the iterator's state (``it.state_dict()``), when the iterator is not the object itself, is
+  loaded right after ``iter(obj)``; when it is the object itself, only that state is kept,
+  and it is loaded after ``iter(obj)``.
+
+A producer of items (a source's iterator; a worker) keeps :class:`Snapshots`: the states at
+the start of the pass, and, when the pipeline reads ahead of the consumer (a parallel stage,
+a prefetching thread), after every item it produced (the latest :data:`KEEP`). A state then
+holds the snapshot at the count of items the consumer's position stands for, or, when that
+one is gone, the latest one before it and the number of items to read again after it: either
+way the resumed pass continues exactly, provided the object does the same thing again from
+the same state (which is what ``state_dict`` promises).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+__all__ = ["KEEP", "Snapshots", "check_snapshot", "is_stateful", "restore", "snapshot"]
+
+#: The most per-item snapshots a producer keeps (older ones give way; a state that needs one
+#: of them reads the items after an earlier snapshot again instead).
+KEEP = 4096
+
+
+def is_stateful(obj: Any) -> bool:
+    """Whether *obj* has ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def snapshot(obj: Any, it: Any) -> dict[str, Any]:
+    """The states of *obj* and of its iterator *it* (``None`` before ``iter()``) now."""
+    out: dict[str, Any] = {"object": None, "iterator": None}
+    if it is obj:
+        out["iterator"] = obj.state_dict()
+        return out
+    if is_stateful(obj):
+        out["object"] = obj.state_dict()
+    if it is not None and is_stateful(it):
+        out["iterator"] = it.state_dict()
+    return out
+
+
+def restore(obj: Any, saved: dict[str, Any] | None) -> Iterator[Any]:
+    """``iter(obj)``, with *obj* and the iterator given the states in *saved* (a
+    :func:`snapshot`), each where it belongs."""
+    if saved is not None and saved.get("object") is not None:
+        obj.load_state_dict(saved["object"])
+    it = iter(obj)
+    if saved is not None and saved.get("iterator") is not None:
+        if not is_stateful(it):
+            msg = (
+                f"load_state_dict: the state holds the state of {type(obj).__name__}'s "
+                f"iterator, but its iterator ({type(it).__name__}) has no load_state_dict"
+            )
+            raise ValueError(msg)
+        it.load_state_dict(saved["iterator"])
+    return it
+
+
+class Snapshots:
+    """A producer's snapshots in one pass, by the count of items it had produced.
+
+    Attributes:
+        obj: the stateful object (its iterator is given to :meth:`started`).
+        produced: items produced so far in the epoch (the pass started at ``start``).
+        history: whether a snapshot is taken after every item (the pipeline reads ahead).
+    """
+
+    __slots__ = ("at", "history", "it", "obj", "produced")
+
+    def __init__(
+        self, obj: Any, it: Any, produced: int, history: bool, saved: dict[str, Any] | None
+    ) -> None:
+        """*it* is ``iter(obj)``, *produced* the items it stands after: the snapshot *saved*
+        was restored from (a resumed pass), or the epoch's start."""
+        self.obj = obj
+        self.it = it
+        self.produced = produced
+        self.history = history
+        self.at: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self.at[produced] = saved if saved is not None else snapshot(obj, it)
+
+    def tracking(self, it: Iterator[Any], skip: int) -> Iterator[Any]:
+        """*it*, after reading *skip* items again (what a snapshot did not cover), counting
+        its items (and taking a snapshot after each, with history)."""
+        if skip:
+            deque(islice(it, skip), maxlen=0)
+            self.produced += skip
+            self.at[self.produced] = snapshot(self.obj, self.it)
+        at, obj = self.at, self.obj
+        for item in it:
+            self.produced += 1
+            if self.history:
+                at[self.produced] = snapshot(obj, self.it)
+                if len(at) > KEEP:
+                    at.popitem(last=False)
+            yield item
+
+    def after(self, needed: int) -> dict[str, Any]:
+        """The record for a state whose resumed pass skips *needed* items: the snapshot at
+        *needed* (taken now when nothing was read ahead), or the latest one before it."""
+        if needed == self.produced:
+            return {"at": needed, **snapshot(self.obj, self.it)}
+        best = max((k for k in self.at if k <= needed), default=None)
+        if best is None:
+            msg = f"state_dict: no state of {type(self.obj).__name__} at or before item {needed}"
+            raise RuntimeError(msg)
+        return {"at": best, **self.at[best]}
+
+    def ended(self) -> dict[str, Any]:
+        """The record after the pass ran to its end: the object's state now, for the next
+        pass's ``iter()``."""
+        return {"at": 0, **snapshot(self.obj, None)}
+
+
+def check_snapshot(record: Any, where: str, position: int | None) -> dict[str, Any]:
+    """Refuse a record that is not a :class:`Snapshots` record (``"at"``: an item count, at
+    most *position* when it is known; ``"object"``, ``"iterator"``: the user's states)."""
+    from pipeflow._state_check import integer, record_keys
+
+    record_keys(record, where, {"at", "object", "iterator"}, set())
+    integer(record["at"], f"{where}['at']", 0, position)
+    return dict(record)
