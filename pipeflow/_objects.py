@@ -58,7 +58,7 @@ def restore(obj: Any, saved: dict[str, Any] | None) -> Iterator[Any]:
     :func:`snapshot`), each where it belongs."""
     if saved is not None and saved.get("object") is not None:
         obj.load_state_dict(saved["object"])
-    it = iter(obj)
+    it: Iterator[Any] = iter(obj)
     if saved is not None and saved.get("iterator") is not None:
         if not is_stateful(it):
             msg = (
@@ -66,7 +66,7 @@ def restore(obj: Any, saved: dict[str, Any] | None) -> Iterator[Any]:
                 f"iterator, but its iterator ({type(it).__name__}) has no load_state_dict"
             )
             raise ValueError(msg)
-        it.load_state_dict(saved["iterator"])
+        it.load_state_dict(saved["iterator"])  # type: ignore[attr-defined]
     return it
 
 

@@ -214,16 +214,16 @@ class DataLoader(tud.DataLoader[T_co]):
         sampler, which batches the same way: the sampler is then the source, so a stateful
         one is saved and restored), ``fetch`` and ``collate``; with workers (or out of
         order), those two in ``parallel_map``."""
-        ours = self.batch_size is not None and type(self.batch_sampler) is tud.BatchSampler
-        sampler = self.sampler if ours else self._index_sampler
-        self._pf_sampled = _Sampled(sampler)
+        size = self.batch_size if type(self.batch_sampler) is tud.BatchSampler else None
+        self._pf_sampled = _Sampled(self._index_sampler if size is None else self.sampler)
         loader: Loader[Any] = Loader(self._pf_sampled)
-        if ours:
-            loader = loader | batch(operator.index(self.batch_size), drop_last=bool(self.drop_last))
+        if size is not None:
+            loader = loader | batch(operator.index(size), drop_last=bool(self.drop_last))
         work = fetch(self.dataset, batched=self._auto_collation) | collate(collate_fn)
         if workers["workers"] > 0 or not workers["ordered"]:  # batch k to worker k % workers
             work = parallel_map(work, round_robin=True, **workers)
-        return loader | work
+        out: Loader[Any] = loader | work
+        return out
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.timeout != 0 and self.num_workers == 0:
