@@ -59,9 +59,19 @@ def run(
             if stage.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
             kept = stage.new_record(here, saved.get(i))  # for state_dict()
+            ahead = any(s.reads_ahead for s in planned.stages[i + 1 :])
             if kept is not None:
                 progress.deliveries[at] = kept
-            hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))
+                if ahead and hasattr(kept, "history"):  # snapshots after every item
+                    kept.history = True
+            hooks = Hooks(
+                recs[i + 1],
+                extras.get(i),
+                kept,
+                resources.setdefault(at, {}),
+                saved.get(i),
+                ahead,
+            )
             it = stage.apply(upstream, here, hooks)
             if i in cuts:
                 it = cut(it, cuts[i])

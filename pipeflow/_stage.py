@@ -216,7 +216,13 @@ class Stage(Generic[In, Out]):
         ``after`` could not have made (a ``ValueError`` naming *where* and the key); return it
         as the next pass should get it. *consumed*: how many of this stage's outputs the
         state's position says were consumed, *total*: its inputs per epoch (``None`` where
-        unknown). A stage that keeps no record refuses any."""
+        unknown). A map takes the record of a ``parallel_map`` in order that ran it with
+        workers (how many items it took; its workers' generators are left behind); a
+        stage that keeps no record refuses any other."""
+        if self._skip == "same" and isinstance(record, dict) and "inputs" in record:
+            from pipeflow.parallel._records import map_record_inline
+
+            return map_record_inline(record, where, consumed, total)
         msg = f"load_state_dict: {where} holds a record, but this stage keeps none"
         raise ValueError(msg)
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pipeflow._seeds import is_workers
-from pipeflow.state import VERSION, fingerprint, flat_index, seeds
+from pipeflow.state import VERSION, fingerprint, flat_index, plan, seeds
 
 __all__ = ["Loaded", "check", "integer", "record_keys"]
 
@@ -78,7 +78,8 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     records = _check_records(stages, _totals(source, stages), state)
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     if "source" in state:
-        resume["source"] = source.check_record(state["source"], state["position"])
+        skip = plan(stages, [None] * len(stages), resume).source_skip
+        resume["source"] = source.check_record(state["source"], skip)
     return Loaded(state["epoch"], resume, adopted)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pipeflow._context import Context
+from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import refuse
 from pipeflow._failure import Failure
+from pipeflow._objects import Snapshots, check_snapshot, is_stateful
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
+from pipeflow.state import Resume, check_inputs
 
 __all__ = ["fetch"]
 
@@ -46,9 +48,82 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
         raise TypeError(msg)
     refuse("fetch", "dataset.__getitem__", getattr(type(dataset), "__getitem__", None))
     config = {"dataset": dataset, "batched": batched}
-    return Stage(
+    return _Fetch(
         _fetch, "fetch", config, length="same", skip="same", dataset=dataset, failures="mark"
     )
+
+
+class _Fetch(Stage[Any, Any]):
+    """``fetch``: a stateful dataset (one with ``state_dict()``, see :mod:`pipeflow._objects`)
+    that it reads in this process is saved with the loader's state, as of the samples the
+    consumer received, and restored when a resumed pass fetches its first sample — after
+    the pass's first index was drawn, so that a sampler drawing from the same generators
+    (torch's global one) draws what it drew."""
+
+    __slots__ = ()
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[Any]:
+        snaps = hooks.record if hooks is not None else None
+        if snaps is None:
+            return super().apply(upstream, context, hooks)
+        saved = hooks.saved if hooks is not None else None
+        if saved is not None:  # restored once the first index has come
+            upstream = _restoring(upstream, self._dataset, saved)
+        out: Iterator[Any] = snaps.tracking(super().apply(upstream, context, hooks), context.start)
+        return out
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """A map; with a stateful dataset, the pass's record says where it stood."""
+        return Resume.recorded() if is_stateful(self._dataset) else Resume.below(k)
+
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
+        if not is_stateful(self._dataset):
+            return None
+        return _DatasetRecord(self._dataset, context, saved)
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        if not is_stateful(self._dataset):
+            return super().check_record(record, where, consumed, total)
+        checked = check_inputs(record, where, consumed, total, {"at", "object", "iterator"})
+        check_snapshot({k: checked.get(k) for k in ("at", "object", "iterator")}, where, None)
+        return checked
+
+
+class _DatasetRecord(Snapshots):
+    """The dataset's snapshots in a pass, by the count of outputs fetched in the epoch (a
+    snapshot after each when a later stage reads ahead: the runner sets ``history``)."""
+
+    __slots__ = ("first",)
+
+    def __init__(self, dataset: Any, context: Context, saved: dict[str, Any] | None) -> None:
+        base = None if saved is None else {"object": saved["object"], "iterator": None}
+        super().__init__(dataset, None, context.offset, False, base)
+        self.first = context.offset + context.start  # the pass's first output, in the epoch
+
+    def after(self, needed: int) -> dict[str, Any]:
+        """``{"inputs": at, "start": n - at, ...the snapshot at at}`` once the consumer took
+        *needed* of the pass's outputs (the epoch's first ``n``): a resumed pass skips the
+        samples up to the snapshot, then fetches (and drops) the rest again."""
+        total = self.first + needed
+        snap = super().after(total)
+        out = {"inputs": snap["at"], **snap}
+        if total > snap["at"]:
+            out["start"] = total - snap["at"]
+        return out
+
+
+def _restoring(keys: Iterable[Any], dataset: Any, saved: dict[str, Any]) -> Iterator[Any]:
+    it = iter(keys)
+    for key in it:
+        if saved.get("object") is not None:
+            dataset.load_state_dict(saved["object"])
+        yield key
+        break
+    yield from it
 
 
 def _fetch(

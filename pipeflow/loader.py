@@ -16,7 +16,7 @@ from pipeflow._random import DrawnSeed
 from pipeflow._seeds import replaced, slots
 from pipeflow._stage import Source, Stage
 from pipeflow._state_check import check
-from pipeflow.state import Progress, take
+from pipeflow.state import Progress, flat_index, light, take
 from pipeflow.stats import LoaderRecord, Stats
 
 __all__ = ["Context", "Loader", "Source"]
@@ -275,6 +275,21 @@ class Loader(Generic[Out]):
         source, *stages = replaced([self._source, *self._stages], values)
         self.close()  # what ran on the old seeds (kept worker pools) stops
         self._source, self._stages, self._plan = source, tuple(stages), None
+
+    def pass_record(self) -> dict[str, Any] | None:
+        """Where the pass in progress stands, without the pipeline's identity (a worker's
+        replica reports it; see :func:`pipeflow.state.light`)."""
+        return light(self._source, self._stages, self._progress)
+
+    def resume_from(self, epoch: int, record: dict[str, Any]) -> None:
+        """Make the next pass epoch *epoch*, resumed where *record* (a :meth:`pass_record`
+        of this same pipeline, checked already) says."""
+        by_flat = {flat_index(self._stages, i): i for i in range(len(self._stages))}
+        stages = {by_flat[int(k)]: v for k, v in record.get("stages", {}).items()}
+        self._next = {"position": record.get("position", 0), "stages": stages}
+        if record.get("source") is not None:
+            self._next["source"] = record["source"]
+        self._next_epoch = epoch
 
     def _length(self) -> int | None:
         try:

@@ -328,7 +328,8 @@ def take(
         kept = resume.get("source", idle() if idle is not None else None)
     elif progress.done:
         epoch, position = progress.epoch + 1, 0
-        kept = idle() if idle is not None else None
+        ended = getattr(progress.source, "ended_record", None)
+        kept = ended() if ended is not None else idle() if idle is not None else None
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
         records = _recorded(stages, progress)
@@ -348,6 +349,26 @@ def take(
     if kept is not None:
         state["source"] = kept
     return state
+
+
+def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict[str, Any] | None:
+    """Where a pass stands, without the pipeline's identity: what a worker's replica of a
+    loader reports with each item (``None`` when its position, which the main process
+    counts, says it all: no stateful objects, no stage records)."""
+    if progress is None or (progress.source is None and not progress.deliveries):
+        return None
+    if progress.done:
+        idle = getattr(source, "idle_record", None)
+        kept = idle() if idle is not None else None
+        return {"position": 0, "stages": {}, **({"source": kept} if kept else {})}
+    position = progress.start + progress.delivered
+    records = _recorded(stages, progress)
+    out: dict[str, Any] = {"position": position, "stages": records}
+    if progress.source is not None:
+        needed = plan(stages, [None] * len(stages), {"position": position, "stages": records})
+        out["source"] = progress.source.after(needed.source_skip)
+    out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
+    return out
 
 
 def _recorded(stages: Sequence[Any], progress: Progress) -> dict[int, Any]:

@@ -107,7 +107,8 @@ class ProcessPool(PoolDefaults):
         """Start worker *wid*. Workers start when first given a task, so the first one is
         already working while the next one forks."""
         prefix = _segments.segment_prefix(self.spec.main_pid, self.pool_id, wid)
-        spec = self.spec._replace(worker_id=wid, prefix=prefix)
+        restore = self.spec.restore[wid] if self.spec.restore else None
+        spec = self.spec._replace(worker_id=wid, prefix=prefix, restore=restore)
         here, there = self.context.Pipe(duplex=True)
         proc = self.context.Process(  # type: ignore[attr-defined]
             target=self.target,
@@ -136,6 +137,11 @@ class ProcessPool(PoolDefaults):
         for wid in range(self.workers):
             self.stale[wid] += len(self.outstanding[wid])
             self.outstanding[wid].clear()
+
+    def rotate(self, first: int, ended: Any) -> None:
+        self.rr_next = first
+        for wid in ended:
+            self.active[wid] = False
 
     def can_submit(self) -> bool:
         return any(self.active)

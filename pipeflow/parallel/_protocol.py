@@ -46,6 +46,10 @@ class Pool(Protocol):
     def start_pass(self, max_in_flight: int) -> None:
         """Forget the tasks of an earlier pass; the next tasks belong to a new one."""
 
+    def rotate(self, first: int, ended: Any) -> None:
+        """Round robin: the pass's first task goes to worker *first* (a resumed pass starts
+        where the uninterrupted one stood), and the workers in *ended* take none."""
+
     def can_submit(self) -> bool:
         """Whether any worker still takes tasks (source workers drop out when they end)."""
 
@@ -107,6 +111,9 @@ class PoolDefaults:
 
     def backlog(self, in_flight: int) -> int:
         return in_flight
+
+    def rotate(self, first: int, ended: Any) -> None:
+        pass
 
 
 class InProcessPool(PoolDefaults):

@@ -45,7 +45,8 @@ def run_parallel(
     """One pass of a parallel stage (``upstream`` ``None``: the workers are sources, and
     each task carries *note*, what the pass tells them: see ``SourceJob``)."""
     hooks = hooks or Hooks()
-    order = hooks.record.order if hooks.record is not None else None
+    order = getattr(hooks.record, "order", None)  # out of order: the numbers delivered
+    states = getattr(hooks.record, "states", None)  # the workers' states, output by output
     stats = hooks.stats
     if stats is not None and config.workers:
         stats.workers, stats.max_in_flight = config.workers, config.in_flight
@@ -55,19 +56,23 @@ def run_parallel(
         yield from recording(_inline(job, items, context.epoch, context.offset, note), order)
         return
     kept = hooks.resources.setdefault("pool", Kept())
+    restores = getattr(hooks.record, "restores", None)
     pool, borrowed = kept.borrow(
         config,
-        lambda: make_pool(config, job, name, config.base_seed(context)),
+        lambda: make_pool(config, job, name, config.base_seed(context), restores),
         getattr(job, "facts", None),
     )
     kept.passes[context.epoch] = pool
+    rotation = getattr(hooks.record, "rotation", None)
+    first, ended = rotation() if rotation is not None else (context.offset, ())
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
     out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
     try:
-        replies = _results(pool, items, context, config, done, stats, out, note)
+        replies = _results(pool, items, context, config, done, stats, out, note, (first, ended))
         if config.ordered:
             replies = _in_order(replies, context.offset, pool.drop)
-        yield from _delivered(pool, replies, done, out, order)
+        track = states.track if states is not None else None
+        yield from _delivered(pool, replies, done, out, order, track)
     finally:
         kept.give_back(pool, borrowed)
 
@@ -86,6 +91,7 @@ def _results(
     stats: Any,
     out: dict[int, Any],
     note: PassNote | None = None,
+    rotation: tuple[int, Any] = (0, ()),
 ) -> Iterator[list[Reply]]:
     """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield the
     replies as they arrive, a list at a time.
@@ -96,6 +102,9 @@ def _results(
     """
     in_flight = config.in_flight  # a property: read once
     pool.start_pass(in_flight)
+    if config.round_robin:  # item k to worker k % workers, from where a resumed pass starts
+        first, ended = rotation
+        pool.rotate(first % pool.workers, ended)
     bound = pool.backlog(in_flight)
     sender = _Sender(pool, items, context, out, note)
     received = 0
@@ -209,10 +218,13 @@ def _delivered(
     done: list[int],
     out: dict[int, Any],
     order: list[int] | None,
+    track: Callable[[int, int, str, Any], None] | None = None,
 ) -> Iterator[Any]:
     """Each reply's result, one at a time; a failed item's is its
     :class:`~pipeflow._failure.Failure`, and the next item goes on. Unordered, the numbers of
-    the items delivered go to *order* as each goes out.
+    the items delivered go to *order* as each goes out; *track* notes, before each reply's
+    results go out, which worker made them and what changed in its state (see
+    :class:`~pipeflow.parallel._states.WorkerStates`).
 
     A list of ``"ok"`` replies from threads or event loops, whose results are the workers'
     own objects, goes out as it is; anything else (a process's encoded result, a failure, a
@@ -221,7 +233,7 @@ def _delivered(
     note = None if order is None else order.append
     for chunk in chunks:
         done[0] += len(chunk)  # nothing more is sent before the consumer has had them all
-        if pool.plain and _ONLY_OK.issuperset(map(_kind, chunk)):
+        if track is None and pool.plain and _ONLY_OK.issuperset(map(_kind, chunk)):
             deque(map(out.pop, map(_seq, chunk), repeat(None)), 0)
             values = list(map(_payload, chunk))
             if WithDropped not in set(map(type, values)):
@@ -232,11 +244,15 @@ def _delivered(
                         note(seq)
                         yield value
                 continue
-        yield from _one_by_one(pool, chunk, out, note)
+        yield from _one_by_one(pool, chunk, out, note, track)
 
 
 def _one_by_one(
-    pool: Pool, chunk: list[Reply], out: dict[int, Any], note: Callable[[int], Any] | None
+    pool: Pool,
+    chunk: list[Reply],
+    out: dict[int, Any],
+    note: Callable[[int], Any] | None,
+    track: Callable[[int, int, str, Any], None] | None = None,
 ) -> Iterator[Any]:
     """The results of *chunk*'s replies as the consumer takes them; replies it does not take
     (it stopped) give back what they hold."""
@@ -245,12 +261,17 @@ def _one_by_one(
         for i, reply in enumerate(chunk, 1):  # noqa: B007 - the finally reads i
             item = out.pop(reply.seq, None)
             if reply.kind == "end":  # a source worker that ran out
+                if track is not None:
+                    track(reply.worker, 0, "end", reply.state)
                 continue
             try:
                 value = pool.value(reply)
             except Exception as e:  # the item's own error, rebuilt here
                 value = Failure(e, _indices(item, reply.seq))
-            for one in _unpack(value):
+            ones = _unpack(value)
+            if track is not None:  # noted before they go out: a state taken while the
+                track(reply.worker, len(ones), reply.kind, reply.state)  # consumer holds one
+            for one in ones:
                 if note is not None:
                     note(reply.seq)
                 yield one

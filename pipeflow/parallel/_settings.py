@@ -15,6 +15,7 @@ from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
+from pipeflow._rngs import KINDS
 from pipeflow._seeds import WORKERS_SLOT
 
 __all__ = ["COROUTINES_PER_WORKER", "Settings", "settings"]
@@ -39,6 +40,8 @@ class Settings:
     round_robin: bool = False
     #: *fn* is a coroutine function: event loops run it, many items per worker at once.
     coroutines: bool = False
+    #: Which of a process worker's global generators a state saves (:mod:`pipeflow._rngs`).
+    rng_state: str | None = "torch"
 
     @property
     def in_flight(self) -> int:
@@ -89,6 +92,7 @@ _DEFAULTS = {
     "timeout": None,
     "persistent": False,
     "round_robin": False,
+    "rng_state": "torch",
 }
 
 
@@ -106,6 +110,7 @@ def settings(
     seed: Any,
     round_robin: Any = False,
     coroutines: bool = False,
+    rng_state: Any = "torch",
 ) -> Settings:
     """Check the settings both parallel stages share; draw the seed when none is given. With
     *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
@@ -142,4 +147,5 @@ def settings(
         seed=fresh_seed() if seed is None else check_seed(name, seed),
         round_robin=_checks.boolean(name, "round_robin", round_robin),
         coroutines=coroutines,
+        rng_state=_checks.one_of(name, "rng_state", rng_state, KINDS),
     )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
-from pipeflow._seeds import WORKERS_SLOT
 from pipeflow.loader import Loader, Source
+from pipeflow.parallel._records import SourceRecord, check_source_record
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._wire import PassNote
 from pipeflow.parallel._worker import SourceJob
 
 __all__ = ["parallel_source"]
+
+_PASSES = itertools.count(1)  # each pass's key: a worker's replica starts a pass when it changes
 
 T = TypeVar("T")
 
@@ -26,29 +30,34 @@ class _ParallelSource(Source[Any]):
         self.loader = loader
         self.config = config
 
+    def seekable(self) -> bool:
+        return True  # a resumed pass's workers each resume their replica (SourceRecord)
+
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
+        hooks = hooks or Hooks()
         job = SourceJob(self.loader, "parallel_source")
         # Read now, as the pass starts (not at its first item): what this pass tells workers.
         tell = getattr(self.loader.source, "pass_note", None)
-        value = tell() if tell is not None else None
-        note = None if value is None else PassNote(value)
-        return run_parallel(job, self.config, "parallel_source", None, context, hooks, note)
+        note = PassNote(tell() if tell is not None else None, next(_PASSES))
+        record = SourceRecord(self.config, context.start, hooks.saved)
+        hooks.record = record
+        it = run_parallel(job, self.config, "parallel_source", None, context, hooks, note)
+        if context.start and hooks.saved is None:  # no record: the items are read again
+            return islice(it, context.start, None)
+        return it
+
+    def check_record(self, record: Any, position: int) -> dict[str, Any]:
+        """A :class:`~pipeflow.parallel._records.SourceRecord`'s, from as many workers."""
+        return check_source_record(self.config, record, position)
 
     def describe(self) -> str:
         return self.config.describe("parallel_source", repr(self.loader))
 
-    def seed_slots(self) -> list[tuple[str, int]]:
-        return [*self.loader.seed_slots(), ("parallel_source" + WORKERS_SLOT, self.config.seed)]
-
-    def with_seeds(self, seeds: Iterator[int]) -> _ParallelSource:
-        loader = self.loader.with_seeds(seeds)
-        config = self.config.with_seeds(seeds)
-        if loader is self.loader and config is self.config:
-            return self
-        return _ParallelSource(loader, config)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_ParallelSource, (self.loader, self.config))
+    def identity(self) -> str:
+        """What a state compares: the loader each worker runs and the delivery order, not
+        the runtime knobs (the worker count is checked with the source's record)."""
+        order = "" if self.config.ordered else ", ordered=False"
+        return f"parallel_source({self.loader!r}{order})"
 
 
 def parallel_source(
@@ -63,6 +72,7 @@ def parallel_source(
     timeout: float | None = None,
     persistent: bool = False,
     seed: int | None = None,
+    rng_state: str | None = "torch",
 ) -> Loader[T]:
     """Run a copy of *loader* in each worker and interleave their outputs, round-robin.
 
@@ -98,5 +108,6 @@ def parallel_source(
         persistent=persistent,
         seed=seed,
         round_robin=True,
+        rng_state=rng_state,
     )
     return Loader(_ParallelSource(loader, config))

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._wire import Exhausted, Reply, Task, tasks
-from pipeflow.parallel._worker import SourceJob, WorkerSpec
+from pipeflow.parallel._worker import Snapshotter, SourceJob, WorkerSpec, restore_worker
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["ThreadPool"]
@@ -37,7 +37,8 @@ class ThreadPool(InProcessPool):
         self.threads = []
         for wid in range(workers):
             own_job = job.clone() if isinstance(job, SourceJob) else job
-            own = spec._replace(job=own_job, worker_id=wid)
+            restore = spec.restore[wid] if spec.restore else None
+            own = spec._replace(job=own_job, worker_id=wid, restore=restore)
             t = threading.Thread(
                 target=thread_main,
                 args=(self.queues[wid], self.results, own, self.current),
@@ -54,6 +55,11 @@ class ThreadPool(InProcessPool):
         self.active = [True] * self.workers
         self.outstanding.clear()
         self._rr = itertools.cycle(range(self.workers))  # each pass starts at worker 0
+
+    def rotate(self, first: int, ended: Any) -> None:
+        self._rr = itertools.cycle([*range(first, self.workers), *range(first)])
+        for wid in ended:
+            self.active[wid] = False
 
     def can_submit(self) -> bool:
         return any(self.active)
@@ -125,9 +131,13 @@ def thread_main(
     try:
         if spec.worker_init is not None:
             spec.worker_init(worker_id)
+        restore_worker(job, spec.restore)
     except BaseException as e:
         results.put(Reply(None, "init", -1, worker_id, 0, e))
         return
+    # A thread's replica of a source is its own; a map's dataset and the global generators
+    # are the process's, shared by every thread: nothing of them is the worker's to report.
+    snap = Snapshotter(job, None, own=isinstance(job, SourceJob))
     while True:
         task: Task | None = tasks.get()
         if task is None:
@@ -138,12 +148,12 @@ def thread_main(
         try:
             out = job.run(task.item, task.epoch, task.seq)
         except Exhausted:
-            results.put(Reply(task.pass_id, "end", task.seq, worker_id))
+            results.put(Reply(task.pass_id, "end", task.seq, worker_id, 0, None, snap()))
         except BaseException as e:
             # in a box the pool empties when it raises: a reply the consumer's frames still
             # hold must not hold the exception, whose traceback holds those frames
-            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e]))
+            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e], snap()))
         else:
             took = time.perf_counter_ns() - started
-            results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out))
+            results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out, snap()))
     set_thread_worker_info(None)

@@ -80,6 +80,9 @@ class Reply(NamedTuple):
         worker: the worker's id.
         took: nanoseconds the worker spent on the item.
         payload: as above.
+        state: what changed in the worker's state for ``state_dict()`` since its previous
+            reply (its dataset's or replica's state, its global generators: see
+            :class:`~pipeflow.parallel._worker.Snapshotter`), or ``None``.
     """
 
     pass_id: int | None
@@ -88,6 +91,7 @@ class Reply(NamedTuple):
     worker: int
     took: int = 0
     payload: Any = None
+    state: Any = None
 
 
 class Exhausted(Exception):
@@ -95,10 +99,13 @@ class Exhausted(Exception):
 
 
 class PassNote(NamedTuple):
-    """What a pass tells source workers with each task (a DataPipe's shuffle seed): the
-    source's ``pass_note()`` in the main process, its ``begin_pass(value)`` in the worker."""
+    """What a pass tells source workers with each task: which pass it is (*key*: a worker
+    starts its replica's pass afresh when it changes), and *value*, the source's
+    ``pass_note()`` in the main process (a DataPipe's shuffle seed), given to its
+    ``begin_pass(value)`` in the worker."""
 
     value: Any
+    key: int = 0
 
 
 def describe_item(item: Any, seq: int) -> dict[str, Any]:
@@ -121,7 +128,7 @@ def tasks(pass_id: int, epoch: int, items: list[tuple[int, Any]]) -> list[Task]:
 def reply(pass_id: int | None, kind: str, seq: int, worker: int, took: int, payload: Any) -> Reply:
     """``Reply(...)`` with every field given: the same record, without the Python
     ``__new__`` a NamedTuple's constructor runs (a reply per item, on a busy event loop)."""
-    return _new(Reply, (pass_id, kind, seq, worker, took, payload))
+    return _new(Reply, (pass_id, kind, seq, worker, took, payload, None))
 
 
 def remote_error(e: BaseException) -> RemoteError:

@@ -21,7 +21,10 @@ from typing import Any, NamedTuple
 
 from pipeflow._context import Context
 from pipeflow._failure import Failure, WithDropped
+from pipeflow._objects import is_stateful
 from pipeflow._random import seed_sequence_state
+from pipeflow._rngs import Tracker
+from pipeflow._rngs import restore as restore_rngs
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
@@ -37,7 +40,15 @@ from pipeflow.parallel._wire import (
 )
 from pipeflow.worker_info import WorkerInfo, get_worker_info, set_process_worker_info, set_replica
 
-__all__ = ["MapJob", "SourceJob", "WorkerSpec", "process_main", "seed_worker"]
+__all__ = [
+    "MapJob",
+    "Snapshotter",
+    "SourceJob",
+    "WorkerSpec",
+    "process_main",
+    "restore_worker",
+    "seed_worker",
+]
 
 
 class WorkerSpec(NamedTuple):
@@ -55,6 +66,11 @@ class WorkerSpec(NamedTuple):
             pickle, or ``None``).
         main_pid: process workers: the main process, whose death ends the worker.
         prefix: process workers: the names of this worker's shared-memory segments.
+        rng_state: which global generators the worker reports with each reply for
+            ``state_dict()`` (``"torch"``, ``"all"`` or ``None``: see :mod:`pipeflow._rngs`).
+        restore: what a resumed pass restores in this worker once it has started (its
+            generators, its dataset's or replica's state; see :class:`Snapshotter`), or
+            ``None``.
     """
 
     job: Any
@@ -64,6 +80,8 @@ class WorkerSpec(NamedTuple):
     worker_init: Any = None
     main_pid: int = 0
     prefix: str = ""
+    rng_state: str | None = None
+    restore: Any = None
 
 
 # -- the jobs: what a worker does with one task -----------------------------------------------
@@ -95,6 +113,18 @@ class MapJob:
     def dataset(self) -> Any:
         """The dataset the stages read by key, for ``WorkerInfo.dataset``."""
         return next((s.dataset for s in self.stages or () if s.dataset is not None), None)
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The worker's copy of a stateful dataset, as it stands (``None``: not stateful)."""
+        dataset = self.dataset
+        if dataset is None or not is_stateful(dataset):
+            return None
+        return {"dataset": dataset.state_dict()}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Give the worker's copy of the dataset the state a resumed pass starts from."""
+        if saved.get("dataset") is not None:
+            self.dataset.load_state_dict(saved["dataset"])
 
     def run(self, item: Any, epoch: int, seq: int) -> Any:
         if self.stages is None:
@@ -149,13 +179,19 @@ def _track(it: Iterator[Any], name: str, failed: list[str]) -> Iterator[Any]:
 
 
 class SourceJob:
-    """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica)."""
+    """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica).
+
+    Each pass's tasks carry a :class:`~pipeflow.parallel._wire.PassNote` whose key changes
+    with the pass: the replica then starts its own pass afresh (a persistent worker's too),
+    from where a resumed pass tells it (:meth:`restore`).
+    """
 
     def __init__(self, loader: Any, name: str) -> None:
         self.loader = loader
         self.name = name
-        self._epoch: int | None = None
+        self._key: int | None = None
         self._it: Iterator[Any] | None = None
+        self.pending: dict[str, Any] | None = None  # where the next replica pass resumes
 
     @property
     def dataset(self) -> Any:
@@ -174,19 +210,61 @@ class SourceJob:
         info = get_worker_info()
         if info is not None:  # shard() inside reads this worker's share
             set_replica(True, thread=info.backend == "thread")
-        if self._epoch != epoch:
+        key = item.key if isinstance(item, PassNote) else epoch
+        if self._key != key:
             if self._it is not None:
                 self._it.close()  # type: ignore[attr-defined]
             self.loader.set_epoch(epoch)
-            if isinstance(item, PassNote):
+            if isinstance(item, PassNote) and item.value is not None:
                 self.loader.source.begin_pass(item.value)
+            if self.pending is not None:  # the first pass of a restored worker
+                self.loader.resume_from(epoch, self.pending)
+                self.pending = None
             self._it = iter(self.loader)
-            self._epoch = epoch
+            self._key = key
         assert self._it is not None
         try:
             return next(self._it)
         except StopIteration:
             raise Exhausted from None
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """Where the replica's pass stands, when its objects have state or its stages keep
+        records (else the main process's count of its items says it all)."""
+        record = self.loader.pass_record()
+        return None if record is None else {"replica": record}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Resume the replica's next pass where *saved* says it stood."""
+        self.pending = saved.get("replica") or {"position": saved.get("count", 0)}
+
+
+class Snapshotter:
+    """What a worker sends with each reply for ``state_dict()``: what changed in its state
+    since its previous reply — its job's (the worker's copy of a stateful dataset, its
+    replica's pass: *own* is False for thread workers of a map, which share the main
+    process's dataset) and its global generators' (see :mod:`pipeflow._rngs`)."""
+
+    __slots__ = ("job", "own", "rngs")
+
+    def __init__(self, job: Any, rng_state: str | None, own: bool) -> None:
+        self.job, self.own, self.rngs = job, own, Tracker(rng_state)
+
+    def __call__(self) -> dict[str, Any] | None:
+        out = self.job.snapshot() if self.own else None
+        rng = self.rngs.changed()
+        if rng is not None:
+            out = {**(out or {}), "rng": rng}
+        return out
+
+
+def restore_worker(job: Any, saved: dict[str, Any] | None) -> None:
+    """What a resumed pass restores in a worker that has just started: its generators, its
+    job's state (after seeding and ``worker_init``, as torchdata does)."""
+    if not saved:
+        return
+    restore_rngs(saved.get("rng"))
+    job.restore(saved)
 
 
 # -- seeding and identity ----------------------------------------------------------------------
@@ -265,6 +343,7 @@ def start_process_worker(
         told_torch = _tell_torch(info)
         if worker_init is not None:
             worker_init(worker_id)
+        restore_worker(job, spec.restore)
     except BaseException as e:
         conn.send_bytes(pickle.dumps(Reply(None, "init", -1, worker_id, 0, remote_error(e))))
         _wait_for_stop(conn)  # exiting now would read as a death, before the error is read
@@ -282,6 +361,7 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
     send, recv = conn.send_bytes, conn.recv
     writer = Writer(spec.prefix)
     writer.activate()
+    snap = Snapshotter(job, spec.rng_state, own=True)
     while True:
         try:
             task: Task | None = recv()
@@ -294,6 +374,9 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
         if not told_torch:
             told_torch = _tell_torch(info)
         reply = _process_task(job, task, worker_id, writer)
+        state = snap()
+        if state is not None:
+            reply = reply._replace(state=state)
         writer.unreserve()
         try:
             send(pickle.dumps(reply, protocol=5))
