@@ -11,7 +11,6 @@ This module imports torch; ``import pipeflow`` loads it on first access to
 
 from __future__ import annotations
 
-import base64
 import functools
 import inspect
 import operator
@@ -23,6 +22,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
+from pipeflow import _facade_state
 from pipeflow._facade import (
     _REPLICA_HINT,
     _collate_in_worker,
@@ -116,7 +116,8 @@ class DataLoader(tud.DataLoader[T_co]):
         if not _TORCH_HAS_IN_ORDER:  # pragma: no cover - torch < 2.6
             self.in_order = in_order
         self._pf_drawn = False
-        self._pf_rng_at_start: str | None = None
+        self._pf_base_seed: int | None = None  # the workers' base seed, drawn at a pass start
+        self._pf_rng_at_start: dict[str, Any] | None = None
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
         self._pf_sampled: _Sampled | None = None
@@ -238,10 +239,10 @@ class DataLoader(tud.DataLoader[T_co]):
         # it draws only once; so do we (the workers keep their first seeds either way).
         draw = functools.cache(self._draw_base_seed)
         reuse = self.persistent_workers and self.num_workers > 0 and self._pf_drawn
-        self._pf_rng_at_start = self._rng_state()  # what state_dict() replays from
+        self._pf_rng_at_start = _facade_state.generators(self)  # what state_dict() replays from
         if isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe)):
             self._prepare_datapipe()
-        it = self.pipeline().start(base_seed=None if reuse else draw)
+        it = self.pipeline().start(base_seed=self._pf_base_seed if reuse else draw)
         if not reuse:
             draw()
             self._pf_drawn = True
@@ -275,57 +276,52 @@ class DataLoader(tud.DataLoader[T_co]):
 
     # -- resumption (torchdata's StatefulDataLoader interface) ---------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands, JSON-serialisable: give it to :meth:`load_state_dict`.
+        """Where this loader stands: give it to :meth:`load_state_dict` of a DataLoader built
+        the same way, in this process or a new one.
 
-        Besides the pipeline's position it holds the state of the random generator the
-        samplers draw from (``generator``, else torch's global generator) as it was when the
-        pass began, so the resumed pass draws the same permutation. Works across worker counts.
+        It holds the pipeline's state (see :meth:`pipeflow.Loader.state_dict`: the position,
+        the seeds, the user's stateful dataset, sampler and iterators, the workers' states),
+        what the DataLoader is in torch's words, the state of the random generators the
+        samplers draw from as it was when the pass began (so the resumed pass draws the same
+        order), and persistent workers' base seed. It is JSON-serialisable when the user's
+        objects' states are. Map-style datasets resume across worker counts.
         """
         loader = self.pipeline()
         running = loader.pass_epoch
         position = loader.state_dict()
-        # Mid-pass, the resumed pass must draw what this pass drew: the generator as it was
-        # when the pass began. Between passes (the end of one is the start of the next), as
-        # it is now.
+        # Mid-pass, the resumed pass must draw what this pass drew: the generators as they
+        # were when the pass began. Between passes (the end of one is the start of the next),
+        # as they are now.
         in_pass = running is not None and position["epoch"] == running
-        rng = self._pf_rng_at_start if in_pass and self._pf_rng_at_start else self._rng_state()
-        state: dict[str, Any] = {
-            "pipeflow_dataloader": 1,
+        gens = self._pf_rng_at_start if in_pass and self._pf_rng_at_start else None
+        return {
+            "pipeflow_dataloader": _facade_state.VERSION,
+            "dataloader": _facade_state.identity(self),
             "loader": position,
-            "rng": rng,
-            "generator": self.generator is not None,
+            "generators": gens or _facade_state.generators(self),
+            "base_seed": self._pf_base_seed if self.persistent_workers else None,
         }
-        sampler_state = getattr(self._index_sampler, "state_dict", None)
-        if callable(sampler_state):
-            state["sampler"] = sampler_state()
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next ``iter()`` yield exactly the rest of the epoch *state* was taken in.
+        """Make the next ``iter()`` yield exactly the rest of the epoch *state* was taken in,
+        then the following epochs as the uninterrupted run would.
+
+        Everything is checked before anything changes: a refused state leaves the
+        DataLoader as it was.
 
         Raises:
-            ValueError: if *state* is not from an equivalent DataLoader.
+            ValueError: if *state* is malformed, or from a DataLoader that differs in what
+                decides the rest of the epoch (``batch_size``, ``shuffle``, the dataset's
+                length, ...), naming it.
         """
-        if not isinstance(state, dict) or state.get("pipeflow_dataloader") != 1:
-            msg = "load_state_dict: not a pipeflow.DataLoader state (from state_dict())"
-            raise ValueError(msg)
-        if state["generator"] != (self.generator is not None):
-            msg = (
-                "load_state_dict: the state was taken with"
-                + ("" if state["generator"] else "out")
-                + " a generator, this DataLoader has"
-                + ("" if self.generator is not None else " none")
-            )
-            raise ValueError(msg)
-        self.pipeline().load_state_dict(state["loader"])
-        if "sampler" in state:
-            self._index_sampler.load_state_dict(state["sampler"])
-        rng = torch.frombuffer(bytearray(base64.b64decode(state["rng"])), dtype=torch.uint8)
-        if self.generator is not None:
-            self.generator.set_state(rng)
-        else:
-            torch.set_rng_state(rng)
+        gens, base_seed = _facade_state.check(self, state)
+        loader = self.pipeline()
+        loaded = loader.check_state(state["loader"])
+        loader.apply_state(loaded)
+        _facade_state.set_generators(self, gens)
         self._pf_rng_at_start = None
+        self._pf_base_seed = base_seed
+        self._pf_drawn = base_seed is not None
 
     def _prepare_datapipe(self) -> None:
         """Before a pass over a DataPipe, what torch's iterator does first: draw the pass's
@@ -339,12 +335,9 @@ class DataLoader(tud.DataLoader[T_co]):
         if isinstance(self._pf_stream, DataPipeStream):
             self._pf_stream.seed = seed
 
-    def _rng_state(self) -> str:
-        state = self.generator.get_state() if self.generator is not None else torch.get_rng_state()
-        return base64.b64encode(state.numpy().tobytes()).decode("ascii")
-
     def _draw_base_seed(self) -> int:
         seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        self._pf_base_seed = int(seed)
         return int(seed)
 
     def _warn_pin_memory(self) -> None:

@@ -15,7 +15,7 @@ from pipeflow._plan import PassPlan, plan
 from pipeflow._random import DrawnSeed
 from pipeflow._seeds import replaced, slots
 from pipeflow._stage import Source, Stage
-from pipeflow._state_check import check
+from pipeflow._state_check import Loaded, check
 from pipeflow.state import Progress, flat_index, light, take
 from pipeflow.stats import LoaderRecord, Stats
 
@@ -257,8 +257,24 @@ class Loader(Generic[Out]):
                 source length, stage list, batch size, seed the user gave...), naming the key
                 or the setting.
         """
-        loaded = check(self._source, self._stages, self._length(), state)
+        self.apply_state(self.check_state(state))
+
+    def check_state(self, state: Any) -> Loaded:
+        """*state*, checked against this loader (the first half of :meth:`load_state_dict`;
+        nothing changes): what :meth:`apply_state` then applies.
+
+        Raises:
+            ValueError: as :meth:`load_state_dict`.
+        """
+        return check(self._source, self._stages, self._length(), state)
+
+    def apply_state(self, loaded: Loaded) -> None:
+        """Apply a state :meth:`check_state` checked (the second half of
+        :meth:`load_state_dict`)."""
         self._adopt(loaded.seeds)
+        # Workers kept between passes hold what ran before (their generators, their copies
+        # of the dataset): the resumed pass starts new ones, restored from the state.
+        _close_resources(self._resources)
         self._next = loaded.resume
         self._next_epoch = loaded.epoch
         if self._progress is not None:

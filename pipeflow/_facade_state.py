@@ -1,0 +1,158 @@
+"""``pipeflow.DataLoader``'s state: its pipeline's, plus what torch's arguments decide.
+
+A DataLoader's state is its pipeline's state (:meth:`pipeflow.Loader.state_dict`) and:
+
+- ``"dataloader"``: what the DataLoader is, in torch's words (``batch_size``, ``drop_last``,
+  ``shuffle``, ``len(dataset)``, the sampler...): a state is refused by a DataLoader that
+  differs in any of them, naming it (``batch_size is 8 here but 7 in the state``);
+- ``"generators"``: the random generators the samplers draw from (the DataLoader's
+  ``generator``, else torch's global one; a sampler's own) as they were when the pass began,
+  so the resumed pass draws the same order;
+- ``"base_seed"``: persistent workers' base seed, drawn once for all epochs.
+
+:func:`check` checks all of it, and the pipeline's part, before anything changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.dataloader import _DatasetKind
+
+from pipeflow._samplers import describe_sampler
+from pipeflow._stage import _short
+from pipeflow._state_check import integer, record_keys
+
+__all__ = ["VERSION", "check", "generators", "identity", "set_generators"]
+
+VERSION = 2
+
+
+def _fail(msg: str) -> ValueError:
+    return ValueError(f"load_state_dict: {msg}")
+
+
+def identity(dl: Any) -> dict[str, Any]:
+    """What *dl* is, in torch's argument names, as a state compares it (JSON-ready)."""
+    iterable = dl._dataset_kind == _DatasetKind.Iterable
+    out: dict[str, Any] = {"dataset": "IterableDataset" if iterable else "map-style"}
+    if iterable:
+        out["num_workers"] = dl.num_workers  # each worker reads its own replica
+    else:
+        out["len(dataset)"] = len(dl.dataset)
+        out["shuffle"] = isinstance(dl.sampler, tud.RandomSampler)
+    out["batch_size"] = dl.batch_size
+    out["drop_last"] = bool(dl.drop_last)
+    if not iterable:
+        out["sampler"] = describe_sampler(dl.sampler)
+        if dl.batch_size is None and dl.batch_sampler is not None:
+            out["batch_sampler"] = describe_sampler(dl.batch_sampler)
+    out["collate_fn"] = _short(dl.collate_fn)
+    out["generator"] = "given" if dl.generator is not None else "None (torch's global one)"
+    return out
+
+
+def _own_generator(dl: Any) -> torch.Generator | None:
+    """The sampler's own generator, when it is not the DataLoader's."""
+    g = getattr(dl.sampler, "generator", None)
+    return g if isinstance(g, torch.Generator) and g is not dl.generator else None
+
+
+def _encode(g: torch.Generator | None) -> str:
+    state = g.get_state() if g is not None else torch.get_rng_state()
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def generators(dl: Any) -> dict[str, str | None]:
+    """The states of the generators *dl*'s samplers draw from, now."""
+    own = _own_generator(dl)
+    return {"generator": _encode(dl.generator), "sampler": _encode(own) if own else None}
+
+
+def _decode(text: Any, g: torch.Generator | None, where: str) -> torch.Tensor:
+    """A generator state from *text*, checked against what *g* (``None``: torch's global
+    generator) takes, without touching it."""
+    if not isinstance(text, str):
+        msg = f"{where} must be a base64 string (got {type(text).__name__})"
+        raise _fail(msg)
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        msg = f"{where} is not base64"
+        raise _fail(msg) from None
+    want = (g.get_state() if g is not None else torch.get_rng_state()).numel()
+    if len(raw) != want:
+        msg = f"{where} holds {len(raw)} bytes, and this generator's state is {want}"
+        raise _fail(msg)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | None]:
+    """Refuse *state* when it is malformed or from another DataLoader, naming the key or
+    the setting; return the generators' states to set and the workers' base seed."""
+    if not isinstance(state, dict) or "pipeflow_dataloader" not in state:
+        msg = (
+            "not a pipeflow.DataLoader state (expected the dict from a DataLoader's "
+            f"state_dict(), with pipeflow_dataloader={VERSION})"
+        )
+        raise _fail(msg)
+    if state["pipeflow_dataloader"] != VERSION:
+        msg = (
+            f"the state is in format {state['pipeflow_dataloader']!r}, and this pipeflow reads "
+            f"format {VERSION}: take the state again with this version"
+        )
+        raise _fail(msg)
+    keys = {"pipeflow_dataloader", "dataloader", "loader", "generators", "base_seed"}
+    record_keys(state, "the state", keys, set())
+    _check_identity(identity(dl), state["dataloader"])
+    gens = state["generators"]
+    record_keys(gens, "state['generators']", {"generator", "sampler"}, set())
+    out: dict[str, torch.Tensor | None] = {
+        "generator": _decode(gens["generator"], dl.generator, "state['generators']['generator']")
+    }
+    own = _own_generator(dl)
+    if (gens["sampler"] is None) != (own is None):
+        msg = "state['generators']['sampler'] does not match: the sampler's own generator"
+        raise _fail(msg)
+    out["sampler"] = None if own is None else _decode(gens["sampler"], own, "the sampler's")
+    seed = state["base_seed"]
+    if seed is not None:
+        integer(seed, "state['base_seed']", 0, 2**64 - 1)
+    return out, seed
+
+
+def _check_identity(here: dict[str, Any], there: Any) -> None:
+    if not isinstance(there, dict):
+        msg = f"state['dataloader'] must be a dict (got {type(there).__name__})"
+        raise _fail(msg)
+    for key, value in here.items():
+        if key not in there:
+            msg = f"state['dataloader'] lacks {key!r}"
+            raise _fail(msg)
+        if there[key] != value:
+            msg = (
+                f"{key} is {value!r} here but {there[key]!r} in the state: the rest of the "
+                "epoch would differ; build the DataLoader as it was when the state was taken"
+            )
+            raise _fail(msg)
+    extra = sorted(set(there) - set(here))
+    if extra:
+        msg = f"the state's DataLoader has {extra[0]!r}, which this one has not"
+        raise _fail(msg)
+
+
+def set_generators(dl: Any, states: dict[str, torch.Tensor | None]) -> None:
+    """Give the generators the (checked) *states*."""
+    state = states["generator"]
+    assert state is not None
+    if dl.generator is not None:
+        dl.generator.set_state(state)
+    else:
+        torch.set_rng_state(state)
+    own = _own_generator(dl)
+    if own is not None and states["sampler"] is not None:
+        own.set_state(states["sampler"])
