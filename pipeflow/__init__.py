@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeflow._context import Context
 from pipeflow._decorate import stage
+from pipeflow._objects import Stateful
 from pipeflow._stage import Source, Stage
 from pipeflow.batch import batch, unbatch
 from pipeflow.collate import collate, default_collate, default_convert
@@ -45,6 +46,7 @@ from pipeflow.worker_info import WorkerInfo, get_worker_info
 
 if TYPE_CHECKING:
     from pipeflow.dataloader import DataLoader
+    from pipeflow.stateful_dataloader import StatefulDataLoader
 
 __version__ = "0.1.0"
 
@@ -59,6 +61,8 @@ __all__ = [
     "Stage",
     "StageStats",
     "StageStuckError",
+    "Stateful",
+    "StatefulDataLoader",
     "Stats",
     "WorkerDiedError",
     "WorkerError",
@@ -98,6 +102,11 @@ def __getattr__(name: str) -> Any:
 
         globals()["DataLoader"] = DataLoader
         return DataLoader
+    if name == "StatefulDataLoader":
+        from pipeflow.stateful_dataloader import StatefulDataLoader
+
+        globals()["StatefulDataLoader"] = StatefulDataLoader
+        return StatefulDataLoader
     msg = f"module 'pipeflow' has no attribute {name!r}"
     raise AttributeError(msg)
 

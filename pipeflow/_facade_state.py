@@ -8,7 +8,9 @@ A DataLoader's state is its pipeline's state (:meth:`pipeflow.Loader.state_dict`
 - ``"generators"``: the random generators the samplers draw from (the DataLoader's
   ``generator``, else torch's global one; a sampler's own) as they were when the pass began,
   so the resumed pass draws the same order;
-- ``"base_seed"``: persistent workers' base seed, drawn once for all epochs.
+- ``"base_seed"``: persistent workers' base seed, drawn once for all epochs, and
+  ``"draws_base_seed"``: whether the next pass draws one (as the pass it resumes did: its
+  draws from the generators are then the same as the uninterrupted run's).
 
 :func:`check` checks all of it, and the pipeline's part, before anything changes.
 """
@@ -91,9 +93,10 @@ def _decode(text: Any, g: torch.Generator | None, where: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
-def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | None]:
+def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | None, bool]:
     """Refuse *state* when it is malformed or from another DataLoader, naming the key or
-    the setting; return the generators' states to set and the workers' base seed."""
+    the setting; return the generators' states to set, persistent workers' base seed, and
+    whether the next pass draws one."""
     if not isinstance(state, dict) or "pipeflow_dataloader" not in state:
         msg = (
             "not a pipeflow.DataLoader state (expected the dict from a DataLoader's "
@@ -106,7 +109,14 @@ def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | No
             f"format {VERSION}: take the state again with this version"
         )
         raise _fail(msg)
-    keys = {"pipeflow_dataloader", "dataloader", "loader", "generators", "base_seed"}
+    keys = {
+        "pipeflow_dataloader",
+        "dataloader",
+        "loader",
+        "generators",
+        "base_seed",
+        "draws_base_seed",
+    }
     record_keys(state, "the state", keys, set())
     _check_identity(identity(dl), state["dataloader"])
     gens = state["generators"]
@@ -121,8 +131,14 @@ def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | No
     out["sampler"] = None if own is None else _decode(gens["sampler"], own, "the sampler's")
     seed = state["base_seed"]
     if seed is not None:
-        integer(seed, "state['base_seed']", 0, 2**64 - 1)
-    return out, seed
+        integer(seed, "state['base_seed']", -(2**63), 2**63 - 1)
+    draws = state["draws_base_seed"]
+    if not isinstance(draws, bool) or (not draws and seed is None):
+        msg = (
+            f"state['draws_base_seed'] must be a bool, False only with a base_seed (got {draws!r})"
+        )
+        raise _fail(msg)
+    return out, seed, draws
 
 
 def _check_identity(here: dict[str, Any], there: Any) -> None:

@@ -21,16 +21,64 @@ the same state (which is what ``state_dict`` promises).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterator
-from itertools import islice
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["KEEP", "Snapshots", "check_snapshot", "is_stateful", "restore", "snapshot"]
+__all__ = [
+    "KEEP",
+    "Snapshots",
+    "Stateful",
+    "check_snapshot",
+    "is_stateful",
+    "restore",
+    "snapshot",
+]
 
 #: The most per-item snapshots a producer keeps (older ones give way; a state that needs one
 #: of them reads the items after an earlier snapshot again instead).
 KEEP = 4096
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What pipeflow saves and restores with a loader's state (torchdata's ``Stateful``):
+    a dataset, sampler, iterable or iterator with these two methods.
+
+    ``state_dict()`` must describe what the object does next: loading it into an object built
+    the same way, in another process, makes that object do the same thing again.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> class Counter:
+        ...     def __init__(self):
+        ...         self.n = 0
+        ...     def __iter__(self):
+        ...         return self
+        ...     def __next__(self):
+        ...         if self.n == 5:
+        ...             raise StopIteration
+        ...         self.n += 1
+        ...         return self.n
+        ...     def state_dict(self):
+        ...         return {"n": self.n}
+        ...     def load_state_dict(self, state):
+        ...         self.n = state["n"]
+        >>> isinstance(Counter(), pf.Stateful)
+        True
+        >>> loader = pf.from_iterable(Counter())
+        >>> it = iter(loader)
+        >>> next(it), next(it)
+        (1, 2)
+        >>> again = pf.from_iterable(Counter())
+        >>> again.load_state_dict(loader.state_dict())
+        >>> list(again)
+        [3, 4, 5]
+    """
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
 
 
 def is_stateful(obj: Any) -> bool:
@@ -74,34 +122,56 @@ class Snapshots:
     """A producer's snapshots in one pass, by the count of items it had produced.
 
     Attributes:
-        obj: the stateful object (its iterator is given to :meth:`started`).
-        produced: items produced so far in the epoch (the pass started at ``start``).
+        obj: the stateful object.
+        it: its iterator, once the pass has made it (``None`` before: a resumed pass makes
+            it, restored, at its first ``next()``).
+        produced: items produced so far in the epoch.
         history: whether a snapshot is taken after every item (the pipeline reads ahead).
     """
 
-    __slots__ = ("at", "history", "it", "obj", "produced")
+    __slots__ = ("at", "history", "it", "live", "obj", "produced")
 
     def __init__(
         self, obj: Any, it: Any, produced: int, history: bool, saved: dict[str, Any] | None
     ) -> None:
-        """*it* is ``iter(obj)``, *produced* the items it stands after: the snapshot *saved*
-        was restored from (a resumed pass), or the epoch's start."""
+        """*it* is ``iter(obj)`` (or ``None``, for :meth:`opened`), *produced* the items it
+        stands after: where the snapshot *saved* was taken (a resumed pass), or the epoch's
+        start."""
         self.obj = obj
         self.it = it
+        self.live = it is not None  # the objects stand where ``produced`` says: ask them
         self.produced = produced
         self.history = history
         self.at: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self.at[produced] = saved if saved is not None else snapshot(obj, it)
 
+    def opened(self, opener: Any, skip: int) -> Iterator[Any]:
+        """:meth:`tracking` of the iterator ``opener()`` makes at the first ``next()``: a
+        resumed pass restores its objects after the draws a pass makes when it starts (a
+        DataLoader's workers' base seed), as torch's and torchdata's iterators do."""
+        self.it = opener()
+        self.live = True
+        yield from self.tracking(self.it, skip)
+
     def tracking(self, it: Iterator[Any], skip: int) -> Iterator[Any]:
         """*it*, after reading *skip* items again (what a snapshot did not cover), counting
-        its items (and taking a snapshot after each, with history)."""
+        its items (and taking a snapshot after each, with history). Read with ``next()``
+        only: an object that is its own iterator may start over in ``__iter__``."""
+        step = it.__next__
+        for _ in range(skip):
+            try:
+                step()
+            except StopIteration:
+                return
+            self.produced += 1
         if skip:
-            deque(islice(it, skip), maxlen=0)
-            self.produced += skip
             self.at[self.produced] = snapshot(self.obj, self.it)
         at, obj = self.at, self.obj
-        for item in it:
+        while True:
+            try:
+                item = step()
+            except StopIteration:
+                return
             self.produced += 1
             if self.history:
                 at[self.produced] = snapshot(obj, self.it)
@@ -112,7 +182,7 @@ class Snapshots:
     def after(self, needed: int) -> dict[str, Any]:
         """The record for a state whose resumed pass skips *needed* items: the snapshot at
         *needed* (taken now when nothing was read ahead), or the latest one before it."""
-        if needed == self.produced:
+        if needed == self.produced and self.live:
             return {"at": needed, **snapshot(self.obj, self.it)}
         best = max((k for k in self.at if k <= needed), default=None)
         if best is None:
@@ -120,17 +190,15 @@ class Snapshots:
             raise RuntimeError(msg)
         return {"at": best, **self.at[best]}
 
-    def ended(self) -> dict[str, Any]:
-        """The record after the pass ran to its end: the object's state now, for the next
-        pass's ``iter()``."""
-        return {"at": 0, **snapshot(self.obj, None)}
-
 
 def check_snapshot(record: Any, where: str, position: int | None) -> dict[str, Any]:
     """Refuse a record that is not a :class:`Snapshots` record (``"at"``: an item count, at
     most *position* when it is known; ``"object"``, ``"iterator"``: the user's states)."""
     from pipeflow._state_check import integer, record_keys
 
-    record_keys(record, where, {"at", "object", "iterator"}, set())
+    record_keys(record, where, {"at", "object", "iterator"}, {"early"})
     integer(record["at"], f"{where}['at']", 0, position)
+    if not isinstance(record.get("early", False), bool):
+        msg = f"load_state_dict: {where}['early'] must be a bool (got {record['early']!r})"
+        raise ValueError(msg)
     return dict(record)

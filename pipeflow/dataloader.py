@@ -118,6 +118,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_drawn = False
         self._pf_base_seed: int | None = None  # the workers' base seed, drawn at a pass start
         self._pf_rng_at_start: dict[str, Any] | None = None
+        self._pf_pass_draws = True  # the pass in progress drew its workers' base seed
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
         self._pf_sampled: _Sampled | None = None
@@ -238,7 +239,8 @@ class DataLoader(tud.DataLoader[T_co]):
         # With persistent workers torch makes one iterator and resets it for later epochs, so
         # it draws only once; so do we (the workers keep their first seeds either way).
         draw = functools.cache(self._draw_base_seed)
-        reuse = self.persistent_workers and self.num_workers > 0 and self._pf_drawn
+        reuse = self._reuses_base_seed()
+        self._pf_pass_draws = not reuse
         self._pf_rng_at_start = _facade_state.generators(self)  # what state_dict() replays from
         if isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe)):
             self._prepare_datapipe()
@@ -293,13 +295,17 @@ class DataLoader(tud.DataLoader[T_co]):
         # were when the pass began. Between passes (the end of one is the start of the next),
         # as they are now.
         in_pass = running is not None and position["epoch"] == running
-        gens = self._pf_rng_at_start if in_pass and self._pf_rng_at_start else None
+        if in_pass and self._pf_rng_at_start is not None:  # the pass re-draws what it drew
+            gens, draws = self._pf_rng_at_start, self._pf_pass_draws
+        else:  # the next pass draws its workers' base seed unless it reuses persistent ones
+            gens, draws = _facade_state.generators(self), not self._reuses_base_seed()
         return {
             "pipeflow_dataloader": _facade_state.VERSION,
             "dataloader": _facade_state.identity(self),
             "loader": position,
-            "generators": gens or _facade_state.generators(self),
+            "generators": gens,
             "base_seed": self._pf_base_seed if self.persistent_workers else None,
+            "draws_base_seed": draws,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -314,14 +320,14 @@ class DataLoader(tud.DataLoader[T_co]):
                 decides the rest of the epoch (``batch_size``, ``shuffle``, the dataset's
                 length, ...), naming it.
         """
-        gens, base_seed = _facade_state.check(self, state)
+        gens, base_seed, draws = _facade_state.check(self, state)
         loader = self.pipeline()
         loaded = loader.check_state(state["loader"])
         loader.apply_state(loaded)
         _facade_state.set_generators(self, gens)
         self._pf_rng_at_start = None
         self._pf_base_seed = base_seed
-        self._pf_drawn = base_seed is not None
+        self._pf_drawn = not draws  # a resumed pass draws (the same seed) as the first one did
 
     def _prepare_datapipe(self) -> None:
         """Before a pass over a DataPipe, what torch's iterator does first: draw the pass's
@@ -334,6 +340,10 @@ class DataLoader(tud.DataLoader[T_co]):
         self.pipeline()  # built (or rebuilt) now: the stream told is the one that will run
         if isinstance(self._pf_stream, DataPipeStream):
             self._pf_stream.seed = seed
+
+    def _reuses_base_seed(self) -> bool:
+        """Whether the next pass reuses its persistent workers' base seed (not drawing)."""
+        return bool(self.persistent_workers and self.num_workers > 0 and self._pf_drawn)
 
     def _draw_base_seed(self) -> int:
         seed = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()

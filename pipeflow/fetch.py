@@ -8,7 +8,7 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import refuse
 from pipeflow._failure import Failure
-from pipeflow._objects import Snapshots, check_snapshot, is_stateful
+from pipeflow._objects import Snapshots, check_snapshot, is_stateful, snapshot
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.state import Resume, check_inputs
@@ -69,8 +69,12 @@ class _Fetch(Stage[Any, Any]):
         if snaps is None:
             return super().apply(upstream, context, hooks)
         saved = hooks.saved if hooks is not None else None
-        if saved is not None:  # restored once the first index has come
-            upstream = _restoring(upstream, self._dataset, saved)
+        if saved is not None and saved.get("early"):  # as the pass starts
+            if saved.get("object") is not None:
+                self._dataset.load_state_dict(saved["object"])
+            snaps.live = True
+        elif saved is not None:  # where the consumer stood: once the first index has come
+            upstream = _restoring(upstream, self._dataset, saved, snaps)
         out: Iterator[Any] = snaps.tracking(super().apply(upstream, context, hooks), context.start)
         return out
 
@@ -88,7 +92,9 @@ class _Fetch(Stage[Any, Any]):
     ) -> dict[str, Any]:
         if not is_stateful(self._dataset):
             return super().check_record(record, where, consumed, total)
-        checked = check_inputs(record, where, consumed, total, {"at", "object", "iterator"})
+        checked = check_inputs(
+            record, where, consumed, total, {"at", "object", "iterator", "early"}
+        )
         check_snapshot({k: checked.get(k) for k in ("at", "object", "iterator")}, where, None)
         return checked
 
@@ -97,18 +103,42 @@ class _DatasetRecord(Snapshots):
     """The dataset's snapshots in a pass, by the count of outputs fetched in the epoch (a
     snapshot after each when a later stage reads ahead: the runner sets ``history``)."""
 
-    __slots__ = ("first",)
+    __slots__ = ("first", "saved")
 
     def __init__(self, dataset: Any, context: Context, saved: dict[str, Any] | None) -> None:
         base = None if saved is None else {"object": saved["object"], "iterator": None}
-        super().__init__(dataset, None, context.offset, False, base)
+        super().__init__(dataset, None, context.offset, False, base)  # the state as the
+        self.live = saved is None  # pass starts; a restored dataset is at its first sample
         self.first = context.offset + context.start  # the pass's first output, in the epoch
+        self.saved = saved
+
+    def at_first(self) -> int:
+        """The count the pass started at (its first snapshot's)."""
+        first: int = next(iter(self.at))
+        return first
+
+    def unstarted(self) -> dict[str, Any]:
+        """The record of a pass that has fetched nothing yet: the dataset as the pass found
+        it, restored ``"early"`` (before the resumed pass draws anything, so that what the
+        pass's start draws from shared generators is drawn again, as it was)."""
+        if self.saved is not None:
+            return dict(self.saved)
+        snap = self.at[self.at_first()]
+        return {"inputs": self.first, "at": self.first, **snap, "early": True}
+
+    def ended_record(self) -> dict[str, Any]:
+        """The record between this pass and the next: the dataset's state now, restored
+        ``"early"``: before the next pass draws anything (its workers' base seed, its order),
+        as the uninterrupted run's next pass found it."""
+        return {"inputs": 0, "at": 0, **snapshot(self.obj, None), "early": True}
 
     def after(self, needed: int) -> dict[str, Any]:
         """``{"inputs": at, "start": n - at, ...the snapshot at at}`` once the consumer took
         *needed* of the pass's outputs (the epoch's first ``n``): a resumed pass skips the
         samples up to the snapshot, then fetches (and drops) the rest again."""
         total = self.first + needed
+        if self.produced == self.first and self.produced == self.at_first():  # nothing fetched
+            return self.unstarted()
         snap = super().after(total)
         out = {"inputs": snap["at"], **snap}
         if total > snap["at"]:
@@ -116,14 +146,22 @@ class _DatasetRecord(Snapshots):
         return out
 
 
-def _restoring(keys: Iterable[Any], dataset: Any, saved: dict[str, Any]) -> Iterator[Any]:
+def _restoring(
+    keys: Iterable[Any], dataset: Any, saved: dict[str, Any], snaps: Snapshots
+) -> Iterator[Any]:
+    """*keys*, the dataset restored once the first has come (or none will)."""
     it = iter(keys)
-    for key in it:
-        if saved.get("object") is not None:
-            dataset.load_state_dict(saved["object"])
-        yield key
-        break
+    first = next(it, _END)
+    if saved.get("object") is not None:
+        dataset.load_state_dict(saved["object"])
+    snaps.live = True
+    if first is _END:
+        return
+    yield first
     yield from it
+
+
+_END = object()
 
 
 def _fetch(

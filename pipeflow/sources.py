@@ -102,22 +102,35 @@ class _Restoring(Source[Any]):
         return True  # it reads up to ``context.start`` itself (from a snapshot, when saved)
 
     def _iterator(self, context: Context, hooks: Hooks | None) -> Iterator[Any]:
-        """``iter(obj)`` (restored, in a resumed pass), reading up to ``context.start`` at
-        its first ``next()`` (as a sampler draws its order there: the generators it draws
-        from see the same draws as an uninterrupted run)."""
+        """``iter(obj)``, reading up to ``context.start`` at its first ``next()`` (as a
+        sampler draws its order there: the generators it draws from see the same draws as an
+        uninterrupted run); in a resumed pass the object and its iterator are restored at
+        that first ``next()`` too, from the source's record."""
         saved = hooks.saved if hooks is not None else None
-        it = restore(self.obj, saved) if saved is not None else iter(self.obj)
-        read = saved["at"] if saved is not None else 0
-        skip = max(context.start - read, 0)  # what the snapshot does not cover
+        if saved is not None and hooks is not None and saved.get("early"):  # between passes:
+            saved = {**saved, "early": False}  # restored now, before the pass draws anything
+            it: Iterator[Any] = restore(self.obj, saved)
+            snaps = Snapshots(self.obj, it, 0, hooks.history, None)
+            hooks.record = snaps
+            return snaps.tracking(it, context.start)
+        if saved is not None and hooks is not None:
+            skip = max(context.start - saved["at"], 0)  # what the snapshot does not cover
+            snaps = Snapshots(self.obj, None, min(saved["at"], context.start), hooks.history, saved)
+            hooks.record = snaps
+            return snaps.opened(lambda: restore(self.obj, saved), skip)
+        it = iter(self.obj)
         if hooks is None or not (is_stateful(self.obj) or is_stateful(it)):
-            return islice(it, skip, None) if skip else it
-        snaps = Snapshots(self.obj, it, min(read, context.start), hooks.history, saved)
+            return islice(it, context.start, None) if context.start else it
+        snaps = Snapshots(self.obj, it, 0, hooks.history, None)
         hooks.record = snaps
-        return snaps.tracking(it, skip)
+        return snaps.tracking(it, context.start)
 
     def idle_record(self) -> dict[str, Any] | None:
-        """The record of a state taken between passes: the object's state now."""
-        return {"at": 0, **snapshot(self.obj, None)} if is_stateful(self.obj) else None
+        """The record of a state taken between passes: the object's state now, restored
+        ``"early"`` (as the next pass starts, before it draws anything)."""
+        if not is_stateful(self.obj):
+            return None
+        return {"at": 0, **snapshot(self.obj, None), "early": True}
 
     def check_record(self, record: Any, position: int) -> dict[str, Any]:
         """A :func:`~pipeflow._objects.snapshot` at item ``"at"`` (at most *position*)."""

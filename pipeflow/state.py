@@ -330,6 +330,7 @@ def take(
         epoch, position = progress.epoch + 1, 0
         ended = getattr(progress.source, "ended_record", None)
         kept = ended() if ended is not None else idle() if idle is not None else None
+        records = _carried(progress)
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
         records = _recorded(stages, progress)
@@ -368,6 +369,18 @@ def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict
         needed = plan(stages, [None] * len(stages), {"position": position, "stages": records})
         out["source"] = progress.source.after(needed.source_skip)
     out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
+    return out
+
+
+def _carried(progress: Progress) -> dict[int, Any]:
+    """What a finished pass's recording stages carry into the next epoch (a stateful
+    dataset's state, persistent workers' states), by stage position."""
+    out = {}
+    for i, record in progress.deliveries.items():
+        ended = getattr(record, "ended_record", None)
+        kept = ended() if ended is not None else None
+        if kept is not None:
+            out[i] = kept
     return out
 
 

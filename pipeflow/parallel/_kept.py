@@ -36,7 +36,9 @@ def make_pool(
         given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
         context = warm_context(given or multiprocessing.get_context(mp))
         if not config.coroutines:
-            return ProcessPool(spec, name=name, round_robin=config.round_robin, context=context)
+            pool = ProcessPool(spec, name=name, round_robin=config.round_robin, context=context)
+            pool.skip_full = config.round_robin and not config.ordered
+            return pool
         from pipeflow.parallel._aio_worker import aio_process_main
 
         return ProcessPool(

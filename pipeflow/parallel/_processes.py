@@ -92,6 +92,9 @@ class ProcessPool(PoolDefaults):
         self.avg: float | None = None  # moving average of the time per task
         self.warm = [False] * workers  # a worker's first result also timed its start-up
         self.rr_next = 0  # round robin: the worker the next task goes to
+        # Round robin out of order (torch's in_order=False): a worker whose queue is full is
+        # passed over, so a worker stuck on a slow item is not given more (set by make_pool).
+        self.skip_full = False
         self.first_start: float | None = None  # when the first worker started
         self.context = context
         self.spec = prepared(spec, self.method, name)._replace(main_pid=os.getpid())
@@ -204,8 +207,12 @@ class ProcessPool(PoolDefaults):
                     if staggering and self.procs[wid] is None:
                         return None  # its turn, but it may not start yet
                     self.rr_next = (wid + 1) % self.workers
+                    if self.skip_full and len(self.outstanding[wid]) >= self.depth:
+                        continue  # out of order, as torch: a worker with no room is passed
                     return wid
                 self.rr_next = (wid + 1) % self.workers
+            if self.skip_full:
+                return None
             raise AssertionError("no active worker")
         # The least busy worker, never one that seems stuck on a slow item: queueing behind
         # it would hold the queued item back too. Until the first result shows how long an

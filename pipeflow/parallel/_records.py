@@ -53,10 +53,11 @@ def _parsed(saved: Any, workers: int) -> dict[int, dict[str, Any]] | None:
 class MapRecord:
     """A ``parallel_map``'s record of one pass (see the module's text)."""
 
-    __slots__ = ("delivery", "offset", "order", "restores", "states")
+    __slots__ = ("delivery", "offset", "order", "persistent", "restores", "states")
 
     def __init__(self, settings: Settings, context: Context, saved: dict[str, Any] | None):
         self.offset = context.offset
+        self.persistent = settings.persistent
         self.delivery: Delivery | None = None
         if not settings.ordered:
             extras = frozenset(saved["extras"]) if saved and "extras" in saved else frozenset()
@@ -68,6 +69,20 @@ class MapRecord:
             base = _parsed((saved or {}).get("workers"), settings.workers)
             self.states = WorkerStates(settings.workers, base)
             self.restores = _restores(base, settings.workers)
+
+    def ended_record(self) -> dict[str, Any] | None:
+        """The record between this pass and the next: persistent workers' states as the pass
+        left them (their generators and copies of the dataset go on into the next epoch);
+        ``None`` otherwise."""
+        if self.states is None or not self.persistent:
+            return None
+        states = self.states
+        workers = states.as_json(states.folds + len(states.owner))
+        if not any(w["state"] for w in workers.values()):
+            return None
+        for w in workers.values():
+            w["count"], w["ended"] = 0, False
+        return {"inputs": 0, "workers": workers}
 
     def after(self, consumed: int) -> dict[str, Any]:
         """The stage's state once the consumer took *consumed* of this pass's outputs."""
