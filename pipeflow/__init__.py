@@ -20,6 +20,7 @@ from pipeflow._context import Context
 from pipeflow._decorate import stage
 from pipeflow._stage import Source, Stage
 from pipeflow.batch import batch, unbatch
+from pipeflow.bucket import bucket
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import pin_memory, to_device
 from pipeflow.distributed import shard
@@ -33,6 +34,8 @@ from pipeflow.errors import (
 from pipeflow.fetch import fetch
 from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
+from pipeflow.pack import pack
+from pipeflow.pad import Padded
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.parallel._warm import set_warm_start
 from pipeflow.progress import progress
@@ -53,6 +56,7 @@ __all__ = [
     "DataLoader",
     "ErrorBudgetExceeded",
     "Loader",
+    "Padded",
     "PipeflowError",
     "SharedList",
     "Source",
@@ -65,6 +69,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerTimeoutError",
     "batch",
+    "bucket",
     "collate",
     "default_collate",
     "default_convert",
@@ -76,6 +81,7 @@ __all__ = [
     "ignore_errors",
     "indices",
     "map",
+    "pack",
     "parallel_map",
     "parallel_source",
     "pin_memory",
