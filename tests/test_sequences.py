@@ -164,7 +164,9 @@ def test_bucket_by_index_refuses_an_input_its_length_would_lie_about() -> None:
 
 
 def test_an_item_over_the_budget_is_refused_with_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"length 9 is longer than max_tokens=8, so no batch .* crop long items"):
+    with pytest.raises(
+        ValueError, match=r"length 9 is longer than max_tokens=8, so no batch .* crop long items"
+    ):
         list(pf.from_iterable(["a" * 9]) | pf.batch(max_tokens=8, length=len))
     with pytest.raises(ValueError, match="length 9 is longer than max_tokens=8"):
         pf.bucket([2], lengths=[1, 9], max_tokens=8)
