@@ -21,6 +21,7 @@ lengths above the last boundary.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,6 +69,10 @@ class Lengths:
 
     def __repr__(self) -> str:
         return f"<{len(self.array)} lengths>"
+
+    def digest(self) -> str:
+        """A short digest of the values: two tables of one size differ in it."""
+        return hashlib.blake2b(self.array.tobytes(), digest_size=8).hexdigest()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Lengths, (self.array,))
@@ -238,6 +243,10 @@ class _IndexBuckets(Stage[Any, list[Any]]):
         """Seek: it skips its first *k* batches itself (reading the indices again is cheap)."""
         return Resume.seek()
 
+    def identity(self) -> list[str]:
+        """Its repr, and the digest of its table: a state from another table is refused."""
+        return [f"{self!r} # lengths {self._config['lengths'].digest()}"]
+
 
 def _table_sizes(
     table: np.ndarray[Any, Any], boundaries: tuple[int, ...], batch_size: Any, max_tokens: Any
@@ -245,10 +254,9 @@ def _table_sizes(
     """Each table entry's bucket, and each bucket's batch size (from the whole table, so that
     ``len()`` holds whichever indices the epoch reads)."""
     which = np.searchsorted(np.asarray(boundaries, dtype=np.int64), table, side="left")
-    sizes = []
-    for b in range(len(boundaries) + 1):
-        members = table[which == b]
-        sizes.append(_size(batch_size, max_tokens, b, int(members.max()) if members.size else 1))
+    longest = np.ones(len(boundaries) + 1, dtype=np.int64)
+    np.maximum.at(longest, which, table)
+    sizes = [_size(batch_size, max_tokens, b, int(n)) for b, n in enumerate(longest)]
     return which, sizes
 
 
@@ -298,10 +306,12 @@ def _by_index(
     idx = np.sort(_read_indices(items, len(table)))  # the batches depend on the set only
     which_all, sizes = _table_sizes(table, boundaries, batch_size, max_tokens)
     which = which_all[idx]
+    grouped = idx[np.argsort(which, kind="stable")]  # by bucket, each in index order
+    ends = np.cumsum(np.bincount(which, minlength=len(sizes)))
     rng = numpy_rng(seed, BUCKET, context.epoch)
     batches: list[np.ndarray[Any, Any]] = []
     for b, size in enumerate(sizes):
-        members = idx[which == b]
+        members = grouped[ends[b - 1] if b else 0 : ends[b]]
         members = members[rng.permutation(len(members))]
         batches += [members[a : a + size] for a in _cuts(len(members), size, drop_last)]
     for i in rng.permutation(len(batches))[context.start :]:

@@ -213,6 +213,23 @@ def test_the_same_output_for_any_worker_count(name: str, no_leaks) -> None:
 
 
 @pytest.mark.parametrize("name", list(STAGES))
+@given(lengths=sequence_lengths, workers=st.integers(1, 4))
+def test_the_same_output_for_any_number_of_thread_workers(name: str, lengths, workers) -> None:
+    corpus = Corpus(lengths)
+    alone = [plain(x) for x in loader(name, corpus)]
+    with loader(name, corpus, workers, "thread") as run:
+        assert [plain(x) for x in run] == alone
+
+
+def test_a_state_from_another_table_of_lengths_is_refused() -> None:
+    run = pf.indices(4) | pf.bucket([2], lengths=[1, 2, 3, 4], batch_size=2, seed=0)
+    next(iter(run))
+    other = pf.indices(4) | pf.bucket([2], lengths=[4, 3, 2, 1], batch_size=2, seed=0)
+    with pytest.raises(ValueError, match="the state is from a different pipeline: stage 1"):
+        other.load_state_dict(run.state_dict())
+
+
+@pytest.mark.parametrize("name", list(STAGES))
 @given(lengths=sequence_lengths, data=st.data())
 @example(lengths=[3] * 30, data=None)
 def test_resuming_after_any_output_gives_exactly_the_rest(name: str, lengths, data) -> None:
