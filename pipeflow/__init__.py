@@ -21,6 +21,7 @@ from pipeflow._decorate import stage
 from pipeflow._objects import Stateful
 from pipeflow._stage import Source, Stage
 from pipeflow.batch import batch, unbatch
+from pipeflow.bucket import bucket
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import pin_memory, to_device
 from pipeflow.distributed import shard
@@ -34,6 +35,8 @@ from pipeflow.errors import (
 from pipeflow.fetch import fetch
 from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
+from pipeflow.pack import pack
+from pipeflow.pad import Padded
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.parallel._warm import set_warm_start
 from pipeflow.progress import progress
@@ -55,6 +58,7 @@ __all__ = [
     "DataLoader",
     "ErrorBudgetExceeded",
     "Loader",
+    "Padded",
     "PipeflowError",
     "SharedList",
     "Source",
@@ -69,6 +73,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerTimeoutError",
     "batch",
+    "bucket",
     "collate",
     "default_collate",
     "default_convert",
@@ -80,6 +85,7 @@ __all__ = [
     "ignore_errors",
     "indices",
     "map",
+    "pack",
     "parallel_map",
     "parallel_source",
     "pin_memory",

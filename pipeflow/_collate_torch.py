@@ -212,8 +212,8 @@ def _raise_if_shapes_differ(batch: Sequence[Any], error: BaseException) -> None:
         msg = (
             f"default_collate: cannot stack items of different shapes: item 0 has shape "
             f"{shapes[0]}, item {first} has shape {shapes[first]} ({len(differ)} of "
-            f"{len(batch)} items differ from item 0); pad or crop the items to one shape, "
-            "or pass a collate_fn that handles items of different sizes"
+            f"{len(batch)} items differ from item 0); pad them with pf.collate(pad=...), "
+            "crop them to one shape, or pass a collate_fn that handles items of different sizes"
         )
         raise RuntimeError(msg) from error
 

@@ -4,9 +4,10 @@ Every random stream pipeflow makes is keyed by ``(seed, stream, epoch, ...)`` th
 ``SeedSequence`` over the words ``[seed % 2**32, seed >> 32, stream, epoch, ...]``
 (:func:`seed_words`). *stream* says what the draws are for — :data:`SHUFFLE` (a full
 shuffle's order), :data:`BUFFER_SHUFFLE`, :data:`WORKERS` (the workers' base seed),
-:data:`ITEM` (one item's generator, then its position) — so that two stages given the same
-seed never share draws (``SeedSequence`` pads short inputs with zeros: without the word,
-``(seed, epoch)`` and ``(seed, epoch, 0)`` would be one stream). numpy generators are
+:data:`ITEM` (one item's generator, then its position), :data:`TOKEN_BATCH` and
+:data:`BUCKET` (the order of the batches the sequence stages make) — so that two stages
+given the same seed never share draws (``SeedSequence`` pads short inputs with zeros: without
+the word, ``(seed, epoch)`` and ``(seed, epoch, 0)`` would be one stream). numpy generators are
 ``PCG64(SeedSequence(words))`` (:func:`numpy_rng`); every other generator (Python's
 ``random.Random``, a ``torch.Generator``, the workers' base seed) is seeded with the 64-bit
 integer made of the first two words of that sequence's state (:func:`derive`). The words are
@@ -24,9 +25,11 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BUCKET",
     "BUFFER_SHUFFLE",
     "ITEM",
     "SHUFFLE",
+    "TOKEN_BATCH",
     "WORKERS",
     "DrawnSeed",
     "check_seed",
@@ -41,6 +44,12 @@ _MAX_SEED = 2**64 - 1
 
 #: What a stream is for: the first key of every stream (see the module's text).
 SHUFFLE, BUFFER_SHUFFLE, WORKERS, ITEM = 1, 2, 3, 4
+#: ``batch(max_tokens=..., window=...)``: the order of a window's batches, keyed by
+#: ``(epoch, the window's first input)``.
+TOKEN_BATCH = 5
+#: ``bucket``: the order within each bucket and of the batches (keyed by the epoch, and by the
+#: window's first input when it reads windows).
+BUCKET = 6
 
 
 class DrawnSeed(int):

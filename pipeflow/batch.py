@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow import _checks
+from pipeflow._budget import budget_batch
 from pipeflow._plan import Batches, Positions
 from pipeflow._stage import Stage
 
@@ -15,16 +16,44 @@ __all__ = ["batch", "unbatch"]
 T = TypeVar("T")
 
 
-def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
-    """Group items into lists of *size* items.
+def batch(
+    size: int | None = None,
+    *,
+    drop_last: bool = False,
+    max_tokens: int | None = None,
+    length: Callable[[T], int] | None = None,
+    window: int | None = None,
+    seed: int | None = None,
+) -> Stage[T, list[T]]:
+    """Group items into lists of *size* items, or into batches within a token budget.
+
+    With *max_tokens*, a batch holds as many items as keep its padded size — its item count
+    times its longest item, by *length* — within *max_tokens* (and its count within *size*,
+    when given): the batches ``collate(pad=...)`` pads stay under one memory budget. Without
+    *window* the batches are cut in arrival order. With *window* the stage reads that many
+    items ahead, sorts them by length and cuts them into batches of like lengths (so little
+    is padding), and yields a window's batches in an order drawn from ``(seed, epoch)``: at
+    most *window* items are held, and a resumed pass re-reads at most one window. The number
+    of batches is then only known by running (the loader has no ``len()``).
 
     Args:
-        size: items per batch.
-        drop_last: drop a last batch shorter than *size* instead of yielding it.
+        size: items per batch; with *max_tokens*, the most items per batch (``None``: no cap).
+        drop_last: drop a last batch shorter than *size* instead of yielding it (fixed-size
+            batches only).
+        max_tokens: the budget for a batch's padded size; ``None``: batches of *size* items.
+        length: with *max_tokens*, a function giving an item's length (``len``, or
+            ``lengths.__getitem__`` over dataset indices, before ``fetch``).
+        window: with *max_tokens*, how many items to read ahead and sort (``None``: none,
+            batches in arrival order).
+        seed: with *window*, the seed of the batches' order; ``None`` draws one when the
+            stage is built (it is in the repr).
 
     Raises:
-        ValueError: if *size* < 1 — when the stage is built, not on the first ``next()``.
-        TypeError: if *size* is not an integer or *drop_last* not a bool.
+        ValueError: if *size* < 1, *max_tokens* < 1 or *window* < 1, or for options that go
+            only with *max_tokens* or only without it — when the stage is built, not on the
+            first ``next()``; at run time, for an item longer than *max_tokens*.
+        TypeError: if *size* is not an integer or *drop_last* not a bool, if *length* is not
+            callable, or if neither *size* nor *max_tokens* is given.
 
     Examples:
         >>> import pipeflow as pf
@@ -36,11 +65,30 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
         Traceback (most recent call last):
         ...
         ValueError: batch: size must be at least 1 (got 0)
+        >>> words = ["a", "bb", "cccc", "dd", "eeeeee", "f"]
+        >>> list(pf.from_iterable(words) | pf.batch(max_tokens=6, length=len))
+        [['a', 'bb'], ['cccc'], ['dd'], ['eeeeee'], ['f']]
+        >>> list(pf.from_iterable(words) | pf.batch(max_tokens=6, length=len, window=6, seed=0))
+        [['cccc'], ['eeeeee'], ['a', 'f', 'bb'], ['dd']]
     """
+    if max_tokens is not None:
+        return budget_batch(max_tokens, length, size, window, seed, drop_last)
+    _plain_only(length=length, window=window, seed=seed)
+    if size is None:
+        msg = "batch: pass size (items per batch), or max_tokens= and length="
+        raise TypeError(msg)
     size = _checks.integer("batch", "size", size, low=1)
     _checks.boolean("batch", "drop_last", drop_last)
     config = {"size": size, "drop_last": drop_last}
     return Stage(_read, "batch", config, length=_batch_length, skip=_batch_skip, compute=_computed)
+
+
+def _plain_only(**options: Any) -> None:
+    """Refuse the options that go only with ``max_tokens``, naming the first one given."""
+    for name, value in options.items():
+        if value is not None:
+            msg = f"batch: {name} goes with max_tokens=; pass max_tokens too (got {name}={value!r})"
+            raise ValueError(msg)
 
 
 def _computed(upstream: Any, size: int, drop_last: bool) -> Batches | None:

@@ -14,6 +14,7 @@ from pipeflow import _checks
 from pipeflow._collate_torch import default_collate
 from pipeflow._convert import default_convert
 from pipeflow._stage import Stage
+from pipeflow.pad import padded_collate
 
 __all__ = ["collate", "default_collate", "default_convert"]
 
@@ -30,14 +31,36 @@ class _DefaultCollate(Stage[Any, Any]):
         return Stage(_collate_with, "collate", {"fn": collate_pending}, length="same", skip="same")
 
 
-def collate(fn: Callable[[Any], Any] | None = None) -> Stage[Any, Any]:
-    """Turn every batch of samples into tensors with *fn* (default: :func:`default_collate`).
+def collate(
+    fn: Callable[[Any], Any] | None = None,
+    *,
+    pad: Any = None,
+    pad_to_multiple_of: int | None = None,
+    lengths: bool = False,
+    mask: bool = False,
+) -> Stage[Any, Any]:
+    """Turn every batch of samples into tensors with *fn* (default: :func:`default_collate`),
+    or pad ragged samples into tensors with *pad*.
+
+    With *pad*, samples of different lengths (token ids, audio frames, boxes) are padded and
+    stacked: *pad* is the value that fills the rest (a number for every array, or a dict of
+    values by field, a tuple by position; ``None`` for a field collates it as
+    ``default_collate`` does). See :mod:`pipeflow.pad` for the rules, and
+    :class:`~pipeflow.Padded` for what *lengths* and *mask* return.
 
     Args:
         fn: the collate function; any callable taking one batch (a list of samples).
+        pad: the pad value(s); ``None``: no padding (the default).
+        pad_to_multiple_of: with *pad*, round the padded length (the first dimension of each
+            item) up to a multiple of this (8 or 64 suit tensor cores).
+        lengths: with *pad*, return each padded field as ``Padded(values, lengths, mask)``
+            with the items' lengths.
+        mask: with *pad*, the same with a boolean mask, ``True`` on the items' own entries.
 
     Raises:
-        TypeError: if *fn* is neither callable nor ``None``.
+        TypeError: if *fn* is neither callable nor ``None``, or *pad* is not a number, a dict
+            or tuple of them, or ``None``.
+        ValueError: if *pad* is given with *fn*, or the padding options without *pad*.
 
     Examples:
         >>> import pipeflow as pf
@@ -47,7 +70,23 @@ def collate(fn: Callable[[Any], Any] | None = None) -> Stage[Any, Any]:
         (tensor([1., 2.], dtype=torch.float64), tensor([0, 1]))
         >>> pf.collate()
         collate()
+        >>> samples = [{"ids": [5, 6, 7], "label": 0}, {"ids": [8], "label": 1}]
+        >>> batch = next(iter(pf.from_iterable([samples]) | pf.collate(pad=0, mask=True)))
+        >>> batch["ids"].values, batch["ids"].mask, batch["label"]
+        (tensor([[5, 6, 7],
+                [8, 0, 0]]), tensor([[ True,  True,  True],
+                [ True, False, False]]), tensor([0, 1]))
     """
+    if pad is not None:
+        if fn is not None:
+            msg = f"collate: pad pads with pipeflow's own collate; drop fn (got fn={fn!r})"
+            raise ValueError(msg)
+        return padded_collate(pad, pad_to_multiple_of, lengths, mask)
+    options = {"pad_to_multiple_of": pad_to_multiple_of, "lengths": lengths, "mask": mask}
+    for name, value in options.items():
+        if value not in (None, False):
+            msg = f"collate: {name} goes with pad=; pass the pad value too (got {name}={value!r})"
+            raise ValueError(msg)
     if fn is None:
         return _DefaultCollate(_collate_default, "collate", length="same", skip="same")
     _checks.function("collate", "fn", fn, optional=True)

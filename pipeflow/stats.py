@@ -39,6 +39,8 @@ class StageRecord:
         "last_sample",
         "max_in_flight",
         "name",
+        "padded_tokens",
+        "real_tokens",
         "series",
         "spacing",
         "taken",
@@ -64,6 +66,10 @@ class StageRecord:
         # ignore_errors only: items dropped, and the sample indices they stood for
         self.ignored = 0
         self.ignored_indices: list[Any] = []
+        # the sequence stages (pack, bucket, batch by max_tokens): the real tokens in what
+        # they made, and its padded size
+        self.real_tokens = 0
+        self.padded_tokens = 0
         # a source read unwatched (pipeflow._plan's direct link): its iterator, and its
         # length when it was registered
         self.taken: tuple[Any, int] | None = None
@@ -135,6 +141,12 @@ class StageStats:
         series: ``(seconds since the start, items so far)`` points, for plots.
         ignored_errors: for ``ignore_errors``, the failed items it dropped (else 0).
         ignored_indices: the sample indices those items stood for (the first 1,000).
+        real_tokens: for ``pack``, ``bucket`` and ``batch(max_tokens=...)``, the tokens of
+            the items in the rows or batches it made (else 0).
+        padded_tokens: their padded size: rows times the row length (``pack``), or each
+            batch's count times its longest item.
+        efficiency: ``real_tokens / padded_tokens``, the share of what the stage made that
+            is real tokens, not padding (``None`` for the other stages).
     """
 
     name: str
@@ -152,6 +164,9 @@ class StageStats:
     series: list[tuple[float, int]] = field(default_factory=list, repr=False)
     ignored_errors: int = 0
     ignored_indices: list[Any] = field(default_factory=list, repr=False)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    efficiency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +212,8 @@ class Stats:
         for st in self.stages:
             if st.ignored_errors:
                 lines.append(f"ignored errors: {ignored_text(st)} (in {st.name!r})")
+            if st.efficiency is not None:
+                lines.append(f"efficiency: {efficiency_text(st)} (in {st.name!r})")
         lines.append(LEGEND)
         return "\n".join(lines)
 
@@ -301,6 +318,18 @@ def ignored_text(stage: StageStats) -> str:
     return f"{stage.ignored_errors} (sample indices {listed})"
 
 
+def efficiency_text(stage: StageStats) -> str:
+    """``96.2% real tokens (1,924 of 2,000)``: how much of what a sequence stage made is real.
+
+    Examples:
+        >>> efficiency_text(StageStats("pack", 2, 0.0, 0.0, 0.0, 0.0, real_tokens=1924,
+        ...                            padded_tokens=2000, efficiency=0.962))
+        '96.2% real tokens (1,924 of 2,000)'
+    """
+    share = math.floor((stage.efficiency or 0.0) * 1000 + 1e-9) / 10  # rounded down
+    return f"{share:.1f}% real tokens ({stage.real_tokens:,} of {stage.padded_tokens:,})"
+
+
 def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:
     if value is None:
         return "-"
@@ -369,6 +398,9 @@ def _stage_stats(
         series=[((t - record.started) / 1e9, n) for t, n, _ in rec.series],
         ignored_errors=rec.ignored,
         ignored_indices=list(rec.ignored_indices),
+        real_tokens=rec.real_tokens,
+        padded_tokens=rec.padded_tokens,
+        efficiency=rec.real_tokens / rec.padded_tokens if rec.padded_tokens else None,
     )
 
 

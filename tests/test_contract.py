@@ -43,6 +43,7 @@ NOT_FACTORIES = {
     "ErrorBudgetExceeded",
     "set_warm_start",  # a switch, not a factory: tests/test_warm_start.py
     "Loader",  # built by the sources below and by `|`
+    "Padded",  # what collate(pad=..., mask=True) returns: tests/test_pad.py
     "PipeflowError",
     "SharedList",
     "Source",  # the protocol the sources implement: every source case below is one
@@ -122,6 +123,17 @@ def pairwise(items: Iterable[int], size: int, *, epoch: int) -> Iterator[tuple[i
                 window.clear()
     finally:
         window.clear()
+
+
+def item_length(x: int) -> int:
+    return x % 5
+
+
+def as_tokens(x: int) -> Any:
+    return np.arange(x % 5 + 1)
+
+
+LENGTHS = [x % 7 for x in range(40)]  # a table of lengths for Recorded's indices 0..39
 
 
 def doubled(items: Iterable[int]) -> Iterator[int]:
@@ -207,6 +219,12 @@ CASES = [
     stage("shuffle", lambda: pf.shuffle(seed=1, generator="torch"), id="shuffle-torch"),
     stage("batch", lambda: pf.batch(3)),
     stage("batch", lambda: pf.batch(3, drop_last=True), id="batch-drop_last"),
+    stage("batch", lambda: pf.batch(max_tokens=8, length=item_length), id="batch-max_tokens"),
+    stage("batch", lambda: pf.batch(2, max_tokens=8, length=item_length, window=5, seed=1), id="batch-max_tokens-window"),
+    stage("bucket", lambda: pf.bucket([2], length=item_length, batch_size=2, window=5, seed=1), id="bucket-window"),
+    stage("bucket", lambda: pf.bucket(3, lengths=LENGTHS, max_tokens=12, seed=1), id="bucket-lengths"),
+    stage("pack", lambda: pf.map(as_tokens) | pf.pack(8, window=2), id="pack-first_fit"),
+    stage("pack", lambda: pf.map(as_tokens) | pf.pack(8, window=2, method="concat"), id="pack-concat"),
     stage("unbatch", pf.unbatch, pairs=True),
     stage("fetch", lambda: pf.fetch(DATA)),
     stage("fetch", lambda: pf.fetch(DATA, batched=False), id="fetch-unbatched"),
@@ -216,6 +234,7 @@ CASES = [
     stage("random_map", lambda: pf.random_map(jitter_torch, seed=3, generator="torch"), id="random_map-torch"),
     stage("collate", pf.collate, pairs=True),
     stage("collate", lambda: pf.collate(tuple), pairs=True, id="collate-fn"),
+    stage("collate", lambda: pf.collate(pad=0, pad_to_multiple_of=8, mask=True), pairs=True, id="collate-pad"),
     stage("ignore_errors", pf.ignore_errors),
     stage("ignore_errors", lambda: pf.ignore_errors(exceptions=OSError, max_count=3), id="ignore_errors-budget"),
     stage("shard", lambda: pf.shard(1, 3)),
@@ -339,6 +358,26 @@ BAD = [
     ("batch", lambda: pf.batch(True), TypeError, "size"),
     ("batch", lambda: pf.batch(2.0), TypeError, "size"),
     ("batch", lambda: pf.batch(2, drop_last=1), TypeError, "drop_last"),
+    ("batch", lambda: pf.batch(max_tokens=0, length=len), ValueError, "max_tokens"),
+    ("batch", lambda: pf.batch(max_tokens=8, length=3), TypeError, "length"),
+    ("batch", lambda: pf.batch(max_tokens=8, length=len, window=0), ValueError, "window"),
+    ("batch", lambda: pf.batch(max_tokens=8, length=len, window=4, seed=-1), ValueError, "seed"),
+    ("batch", lambda: pf.batch(max_tokens=8, length=len, drop_last=True), ValueError, "drop_last"),
+    ("batch", lambda: pf.batch(4, window=3), ValueError, "window"),
+    ("bucket", lambda: pf.bucket("x", length=len, batch_size=2, window=3), TypeError, "boundaries"),
+    ("bucket", lambda: pf.bucket([3, 2], length=len, batch_size=2, window=3), ValueError, "boundaries"),
+    ("bucket", lambda: pf.bucket([2], length=len, batch_size=0, window=3), ValueError, "batch_size"),
+    ("bucket", lambda: pf.bucket([2], length=len, max_tokens=0, window=3), ValueError, "max_tokens"),
+    ("bucket", lambda: pf.bucket([2], length=len, batch_size=2, window=0), ValueError, "window"),
+    ("bucket", lambda: pf.bucket([2], length=3, batch_size=2, window=2), TypeError, "length"),
+    ("bucket", lambda: pf.bucket([2], lengths=[1, -1], batch_size=2), ValueError, "lengths"),
+    ("bucket", lambda: pf.bucket([2], lengths=[1], batch_size=2, seed=-1), ValueError, "seed"),
+    ("bucket", lambda: pf.bucket([2], lengths=[1], batch_size=2, drop_last=1), TypeError, "drop_last"),
+    ("pack", lambda: pf.pack(0), ValueError, "length"),
+    ("pack", lambda: pf.pack(8.0), TypeError, "length"),
+    ("pack", lambda: pf.pack(8, window=0), ValueError, "window"),
+    ("pack", lambda: pf.pack(8, method="best_fit"), ValueError, "method"),
+    ("pack", lambda: pf.pack(8, pad="0"), TypeError, "pad"),
     ("fetch", lambda: pf.fetch(3), TypeError, "dataset"),
     ("fetch", lambda: pf.fetch(DATA, batched=1), TypeError, "batched"),
     ("map", lambda: pf.map(3), TypeError, "fn"),
@@ -348,6 +387,10 @@ BAD = [
     ("random_map", lambda: pf.random_map(jitter, seed="1"), TypeError, "seed"),
     ("random_map", lambda: pf.random_map(jitter, generator="mt"), ValueError, "generator"),
     ("collate", lambda: pf.collate(3), TypeError, "fn"),
+    ("collate", lambda: pf.collate(pad="x"), TypeError, "pad"),
+    ("collate", lambda: pf.collate(pad=0, pad_to_multiple_of=0), ValueError, "pad_to_multiple_of"),
+    ("collate", lambda: pf.collate(mask=True), ValueError, "mask"),
+    ("collate", lambda: pf.collate(list, pad=0), ValueError, "pad"),
     ("ignore_errors", lambda: pf.ignore_errors(exceptions=3), TypeError, "exceptions"),
     ("ignore_errors", lambda: pf.ignore_errors(max_count=-1), ValueError, "max_count"),
     ("ignore_errors", lambda: pf.ignore_errors(max_fraction=1.5), ValueError, "max_fraction"),
@@ -441,6 +484,9 @@ INTEGER_PARAMETERS = [
     pytest.param(lambda: pf.shard(np.int64(0), np.int64(2)), id="shard-rank"),
     pytest.param(lambda: pf.progress(total=np.int64(3)), id="progress-total"),
     pytest.param(lambda: pf.pin_memory(prefetch=np.int64(2)), id="pin_memory-prefetch"),
+    pytest.param(lambda: pf.batch(max_tokens=np.int64(8), length=len), id="batch-max_tokens"),
+    pytest.param(lambda: pf.bucket([np.int64(2)], lengths=[1], batch_size=np.int64(2)), id="bucket-batch_size"),
+    pytest.param(lambda: pf.pack(np.int64(8), window=np.int64(2)), id="pack-length"),
 ]  # fmt: skip
 
 
