@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._stage import Stage
-from pipeflow.state import Resume
+from pipeflow.state import Resume, check_inputs
 
 __all__ = ["Clean", "Restarting", "Restarts", "drive"]
 
@@ -107,5 +107,11 @@ class Restarting(Stage[Any, Any]):
         """Where its first *k* outputs leave it is in the pass's record (:class:`Restarts`)."""
         return Resume.recorded()
 
-    def new_record(self, context: Context, resume: frozenset[int] | None) -> Restarts:
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Restarts:
         return Restarts(context.offset, context.start)
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """A restart point: ``{"inputs": n}`` or ``{"inputs": n, "start": m}``."""
+        return check_inputs(record, where, consumed, total)

@@ -49,6 +49,8 @@ NOT_FACTORIES = {
     "Source",  # the protocol the sources implement: every source case below is one
     "StageStats",  # what stats() returns: tests/test_stats.py
     "StageStuckError",
+    "Stateful",  # the protocol a user's stateful object keeps: tests/test_stateful.py
+    "StatefulDataLoader",  # torchdata's facade: tests/test_stateful.py
     "Stats",
     "WorkerDiedError",
     "WorkerError",

@@ -51,8 +51,10 @@ def _view(case: Case, epoch: list[Any]) -> list[Any]:
     exact = case.workers > 0 and case.in_order if case.kind == "squares" else case.in_order
     if exact:
         return epoch
+
     def index(x: Any) -> Any:
         return x[0] if isinstance(x, list) and len(x) == 2 and isinstance(x[0], int) else x
+
     return [[index(x) for x in b] if case.batch_size else index(b) for b in epoch]
 
 
