@@ -84,7 +84,7 @@ def _state(**kw: Any) -> dict[str, Any]:
         ({"drop_last": True}, "drop_last is True here but False in the state"),
         ({"dataset": list(range(21))}, r"len\(dataset\) is 21 here but 20 in the state"),
         ({"collate_fn": list}, "collate_fn is 'list' here"),
-        ({"generator": None}, "generator=None\)' here but"),
+        ({"generator": None}, r"generator=None\)' here but"),
         (
             {"sampler": tud.SequentialSampler(range(20)), "shuffle": None},
             "shuffle is False here but True",
