@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "KEEP",
+    "MISSING",
     "Snapshots",
     "Stateful",
     "check_snapshot",
@@ -34,6 +35,9 @@ __all__ = [
     "restore",
     "snapshot",
 ]
+
+#: A key a record lacks, as :func:`check_snapshot` is told.
+MISSING = object()
 
 #: The most per-item snapshots a producer keeps (older ones give way; a state that needs one
 #: of them reads the items after an earlier snapshot again instead).
@@ -197,6 +201,10 @@ def check_snapshot(record: Any, where: str, position: int | None) -> dict[str, A
     from pipeflow._state_check import integer, record_keys
 
     record_keys(record, where, {"at", "object", "iterator"}, {"early"})
+    missing = [k for k, v in record.items() if v is MISSING]
+    if missing:
+        msg = f"load_state_dict: {where} lacks the key {missing[0]!r}"
+        raise ValueError(msg)
     integer(record["at"], f"{where}['at']", 0, position)
     if not isinstance(record.get("early", False), bool):
         msg = f"load_state_dict: {where}['early'] must be a bool (got {record['early']!r})"

@@ -113,5 +113,13 @@ class Restarting(Stage[Any, Any]):
     def check_record(
         self, record: Any, where: str, consumed: int | None, total: int | None
     ) -> dict[str, Any]:
-        """A restart point: ``{"inputs": n}`` or ``{"inputs": n, "start": m}``."""
-        return check_inputs(record, where, consumed, total)
+        """A restart point: ``{"inputs": n}`` or ``{"inputs": n, "start": m}``; at the
+        epoch's start (``n == 0``) the *m* outputs made again are all those consumed."""
+        checked = check_inputs(record, where, consumed, total)
+        if consumed is not None and checked["inputs"] == 0 and checked.get("start", 0) != consumed:
+            msg = (
+                f"load_state_dict: {where} restarts at the epoch's start but makes "
+                f"{checked.get('start', 0)} outputs again, and {consumed} were consumed"
+            )
+            raise ValueError(msg)
+        return checked

@@ -77,9 +77,15 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     _check_length(state, length)
     records = _check_records(stages, _totals(source, stages), state)
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
+    skip = plan(stages, [None] * len(stages), resume).source_skip
     if "source" in state:
-        skip = plan(stages, [None] * len(stages), resume).source_skip
         resume["source"] = source.check_record(state["source"], skip)
+    elif skip and getattr(source, "requires_record", lambda: False)():
+        msg = (
+            f"state['source'] is missing: {source.name} keeps a record, and {skip} of its items "
+            "were consumed"
+        )
+        raise _fail(msg)
     return Loaded(state["epoch"], resume, adopted)
 
 
@@ -214,12 +220,18 @@ def _check_records(
     out: dict[int, Any] = {}
     k: int | None = state["position"]  # outputs of stage i consumed, from the last stage up
     for i in range(len(stages) - 1, -1, -1):
+        where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
         if i in records:
-            where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
             out[i] = stages[i].check_record(records[i], where, k, totals[i])
             k = out[i].get("inputs")  # what it took of its inputs (None: out of order)
         elif k is not None:
             answer = stages[i].resumption(k, None)
+            if answer.kind == "recorded" and k > 0:  # without it the rest can't be told
+                msg = (
+                    f"{where} is missing: the stage keeps a record, and {k} of its outputs "
+                    "were consumed"
+                )
+                raise _fail(msg)
             k = answer.inputs if answer.kind == "below" else None
     return out
 

@@ -8,7 +8,7 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import refuse
 from pipeflow._failure import Failure
-from pipeflow._objects import Snapshots, check_snapshot, is_stateful, snapshot
+from pipeflow._objects import MISSING, Snapshots, check_snapshot, is_stateful, snapshot
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.state import Resume, check_inputs
@@ -95,7 +95,14 @@ class _Fetch(Stage[Any, Any]):
         checked = check_inputs(
             record, where, consumed, total, {"at", "object", "iterator", "early"}
         )
-        check_snapshot({k: checked.get(k) for k in ("at", "object", "iterator")}, where, None)
+        fields = {k: checked.get(k, MISSING) for k in ("at", "object", "iterator")}
+        check_snapshot(fields, where, None)
+        if checked["at"] > checked["inputs"]:
+            msg = f"load_state_dict: {where}['at'] lies after its 'inputs'"
+            raise ValueError(msg)
+        if checked["object"] is None:
+            msg = f"load_state_dict: {where}['object'] is missing: the dataset's state"
+            raise ValueError(msg)
         return checked
 
 

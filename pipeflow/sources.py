@@ -125,6 +125,10 @@ class _Restoring(Source[Any]):
         hooks.record = snaps
         return snaps.tracking(it, context.start)
 
+    def requires_record(self) -> bool:
+        """Whether a state that consumed some of its items must hold its record."""
+        return is_stateful(self.obj)
+
     def idle_record(self) -> dict[str, Any] | None:
         """The record of a state taken between passes: the object's state now, restored
         ``"early"`` (as the next pass starts, before it draws anything)."""
@@ -134,7 +138,11 @@ class _Restoring(Source[Any]):
 
     def check_record(self, record: Any, position: int) -> dict[str, Any]:
         """A :func:`~pipeflow._objects.snapshot` at item ``"at"`` (at most *position*)."""
-        return check_snapshot(record, "state['source']", position)
+        checked = check_snapshot(record, "state['source']", position)
+        if is_stateful(self.obj) and checked["object"] is None and checked["iterator"] is None:
+            msg = "load_state_dict: state['source'] holds no state of its object or iterator"
+            raise ValueError(msg)
+        return checked
 
 
 class _FromSampler(_Restoring):

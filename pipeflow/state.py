@@ -163,13 +163,14 @@ class Drops:
         from pipeflow._state_check import integer
 
         checked = check_inputs(record, where, consumed, total, {"dropped"})
-        if consumed is not None and checked["inputs"] < consumed:
+        dropped = integer(checked.get("dropped", 0), f"{where}['dropped']", 0, checked["inputs"])
+        if consumed is not None and not consumed <= checked["inputs"] <= consumed + dropped:
             msg = (
                 f"load_state_dict: {where} says its outputs took {checked['inputs']} inputs, "
-                f"but the state's position says {consumed} outputs were consumed"
+                f"but the state's position says {consumed} outputs were consumed, with "
+                f"{dropped} items dropped"
             )
             raise ValueError(msg)
-        integer(checked.get("dropped", 0), f"{where}['dropped']")
         return checked
 
 
@@ -188,8 +189,8 @@ def check_inputs(
 
     record_keys(record, where, {"inputs"}, {"start", *optional})
     inputs = integer(record["inputs"], f"{where}['inputs']", 0, total)
-    if "start" in record:
-        integer(record["start"], f"{where}['start']")
+    if "start" in record:  # outputs it makes again and skips: some the consumer took
+        integer(record["start"], f"{where}['start']", 0, consumed)
     return {**record, "inputs": inputs}
 
 

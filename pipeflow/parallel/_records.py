@@ -215,7 +215,16 @@ def check_source_record(settings: Settings, record: Any, position: int) -> dict[
             f"the worker count; resume with {len(workers)} workers"
         )
         raise ValueError(msg)
-    integer(record["turn"], f"{where}['turn']", 0, max(settings.workers - 1, 0))
+    turn = integer(record["turn"], f"{where}['turn']", 0, max(settings.workers - 1, 0))
+    counts = [workers[w]["count"] for w in sorted(workers)]
+    if settings.ordered and not any(w["ended"] for w in workers.values()) and counts:
+        low = min(counts)  # dealt in rounds: the first `turn` workers have one more
+        if counts != [low + 1] * turn + [low] * (len(counts) - turn):
+            msg = (
+                f"load_state_dict: {where}: counts {counts} and turn {turn} can't come from "
+                "workers taking turns"
+            )
+            raise ValueError(msg)
     if sum(w["count"] for w in workers.values()) != position:
         msg = (
             f"load_state_dict: {where} counts {sum(w['count'] for w in workers.values())} "

@@ -46,6 +46,10 @@ class _ParallelSource(Source[Any]):
             return islice(it, context.start, None)
         return it
 
+    def requires_record(self) -> bool:
+        """A state that consumed some of its items holds each worker's count."""
+        return True
+
     def check_record(self, record: Any, position: int) -> dict[str, Any]:
         """A :class:`~pipeflow.parallel._records.SourceRecord`'s, from as many workers."""
         return check_source_record(self.config, record, position)
