@@ -11,8 +11,8 @@ mutated: they are the user's to check.
 from __future__ import annotations
 
 import copy
-import os
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
