@@ -27,7 +27,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from pipeflow._samplers import describe_sampler
 from pipeflow._stage import _short
-from pipeflow._state_check import integer, record_keys
+from pipeflow.state import integer, record_keys
 
 __all__ = ["VERSION", "check", "generators", "identity", "set_generators"]
 

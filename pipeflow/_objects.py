@@ -198,7 +198,7 @@ class Snapshots:
 def check_snapshot(record: Any, where: str, position: int | None) -> dict[str, Any]:
     """Refuse a record that is not a :class:`Snapshots` record (``"at"``: an item count, at
     most *position* when it is known; ``"object"``, ``"iterator"``: the user's states)."""
-    from pipeflow._state_check import integer, record_keys
+    from pipeflow.state import integer, record_keys
 
     record_keys(record, where, {"at", "object", "iterator"}, {"early"})
     missing = [k for k, v in record.items() if v is MISSING]

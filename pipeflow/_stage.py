@@ -220,7 +220,7 @@ class Stage(Generic[In, Out]):
         workers (how many items it took; its workers' generators are left behind); a
         stage that keeps no record refuses any other."""
         if self._skip == "same" and isinstance(record, dict) and "inputs" in record:
-            from pipeflow.parallel._records import map_record_inline
+            from pipeflow._state_check import map_record_inline
 
             return map_record_inline(record, where, consumed, total)
         msg = f"load_state_dict: {where} holds a record, but this stage keeps none"

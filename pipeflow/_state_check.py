@@ -18,9 +18,18 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pipeflow._seeds import is_workers
-from pipeflow.state import VERSION, fingerprint, flat_index, plan, seeds
+from pipeflow.state import (
+    VERSION,
+    check_inputs,
+    fingerprint,
+    flat_index,
+    integer,
+    plan,
+    record_keys,
+    seeds,
+)
 
-__all__ = ["Loaded", "check", "integer", "record_keys"]
+__all__ = ["Loaded", "check", "check_workers", "map_record_inline", "same_workers"]
 
 
 class Loaded(NamedTuple):
@@ -40,33 +49,6 @@ class Loaded(NamedTuple):
 
 def _fail(msg: str) -> ValueError:
     return ValueError(f"load_state_dict: {msg}")
-
-
-def integer(value: Any, where: str, low: int = 0, high: int | None = None) -> int:
-    """*value* as an int in ``[low, high]``, else a ``ValueError`` naming *where*."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{where} must be an integer (got {value!r})"
-        raise _fail(msg)
-    if value < low or (high is not None and value > high):
-        bound = f"at least {low}" if high is None else f"between {low} and {high}"
-        msg = f"{where} must be {bound} (got {value})"
-        raise _fail(msg)
-    return value
-
-
-def record_keys(record: Any, where: str, required: set[str], optional: set[str]) -> None:
-    """Refuse a record that is not a dict with the *required* keys and no unknown one."""
-    if not isinstance(record, dict):
-        msg = f"{where} must be a dict (got {type(record).__name__})"
-        raise _fail(msg)
-    missing = sorted(required - set(record))
-    if missing:
-        msg = f"{where} lacks the key {missing[0]!r} (it has {sorted(map(str, record))})"
-        raise _fail(msg)
-    unknown = sorted(set(map(str, record)) - required - optional)
-    if unknown:
-        msg = f"{where} has an unknown key {unknown[0]!r} (known: {sorted(required | optional)})"
-        raise _fail(msg)
 
 
 def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) -> Loaded:
@@ -244,3 +226,62 @@ def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:
         out.append(n)
         n = None if n is None else s.length(n)
     return out
+
+
+# -- the workers' states in a parallel stage's record (see pipeflow.parallel._states) --------
+#: What a worker's state holds that is the user's (a dataset's, a replica's): it cannot be
+#: given to another number of workers. The generators' states can be left behind.
+_USERS = ("dataset", "replica")
+
+
+def check_workers(record: Any, where: str, workers: int | None) -> dict[int, dict[str, Any]]:
+    """Refuse a ``"workers"`` record that :meth:`WorkerStates.as_json` could not have made;
+    return it keyed by worker id. *workers*: how many there must be (``None``: any)."""
+    if not isinstance(record, dict):
+        msg = f"load_state_dict: {where} must be a dict (got {type(record).__name__})"
+        raise ValueError(msg)
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in record.items():
+        wid = int(key) if isinstance(key, str) and key.isdigit() else None
+        if wid is None or (workers is not None and wid >= workers):
+            msg = f"load_state_dict: {where} names a worker {key!r} that does not exist"
+            raise ValueError(msg)
+        place = f"{where}[{key!r}]"
+        record_keys(value, place, {"count", "ended", "state"}, set())
+        integer(value["count"], f"{place}['count']")
+        if not isinstance(value["ended"], bool):
+            msg = f"load_state_dict: {place}['ended'] must be a bool (got {value['ended']!r})"
+            raise ValueError(msg)
+        if value["state"] is not None and not isinstance(value["state"], dict):
+            msg = f"load_state_dict: {place}['state'] must be a dict or None"
+            raise ValueError(msg)
+        out[wid] = value
+    return out
+
+
+def map_record_inline(
+    record: Any, where: str, consumed: int | None, total: int | None
+) -> dict[str, Any]:
+    """A :class:`MapRecord` in order, for the same stages run in line: how many items it
+    took (refused when it holds the workers' copies of a stateful dataset)."""
+    out = check_inputs(record, where, None, total, {"workers"})
+    if consumed is not None and out["inputs"] > consumed:
+        msg = f"load_state_dict: {where} took more items than the state's position says"
+        raise ValueError(msg)
+    if "workers" in record:
+        workers = check_workers(record["workers"], f"{where}['workers']", None)
+        same_workers(workers, 0, where)
+    return {"inputs": out["inputs"]}
+
+
+def same_workers(workers: dict[int, Any], count: int, where: str) -> None:
+    """Refuse workers' states of the user's objects from another number of workers."""
+    if len(workers) == count:
+        return
+    if any(any(k in (w["state"] or {}) for k in _USERS) for w in workers.values()):
+        msg = (
+            f"load_state_dict: {where} holds the states of {len(workers)} workers' copies of "
+            f"the dataset, and this stage has {count} workers: each copy's state belongs to "
+            f"its worker; resume with {len(workers)} workers"
+        )
+        raise ValueError(msg)

@@ -1,17 +1,26 @@
-"""Exact resumption, in one place: what a state records, how it is checked, and the skip plan.
+"""Exact resumption, in one place: what a state records, and the skip plan of a resumed pass.
 
-A state is a small JSON-serialisable dict:
+A state is a small JSON-serialisable dict (when the user's objects' states are):
 
 ```python
 {
-    "pipeflow_state": 1,              # the format's version
+    "pipeflow_state": 2,              # the format's version
     "epoch": 3,                       # the epoch to resume
     "position": 1200,                 # outputs of that epoch already consumed
-    "stages": {"4": {"prefix": 8000, "extras": [8003, 8010]}},  # out-of-order stages
-    "pipeline": ["indices(50000)", "shuffle(seed=0)", "batch(size=64, drop_last=False)", ...],
     "length": 782,                    # outputs per epoch, when known
+    "pipeline": ["indices(50000)", "shuffle(seed=<seed>)", "batch(size=64, ...)", ...],
+    "seeds": [["shuffle", 0, False]],  # every seed: its stage, value, drawn by pipeflow?
+    "stages": {"4": {"prefix": 8000, "extras": [8003, 8010]}},  # the stages' records
+    "source": {"at": 1200, "object": ..., "iterator": ...},  # the source's, if it keeps one
 }
 ```
+
+What a pipeline *is* — its stages, sizes, dataset length, the seeds the user gave — is
+compared when a state is loaded (:mod:`pipeflow._state_check`), and anything that differs is
+refused by name; seeds pipeflow drew itself travel in the state and a freshly built loader
+adopts them (:mod:`pipeflow._seeds`), so a new process resumes. Runtime knobs (workers,
+backends, in-flight bounds) are not part of it: a map-style pipeline resumes with any worker
+count.
 
 Each stage says how its first ``k`` outputs are skipped, through one method,
 :meth:`pipeflow.Stage.resumption`, which answers with a :class:`Resume`:
@@ -37,11 +46,13 @@ Each stage says how its first ``k`` outputs are skipped, through one method,
     outputs and drops took), or a stage with a bounded buffer that restarts where its
     buffer was last empty and makes the same ``m`` outputs again without yielding them.
 
+Besides, the user's stateful objects (a dataset, sampler or iterable with ``state_dict()``)
+are saved where the consumer stood (:mod:`pipeflow._objects`), and so are a parallel stage's
+workers' states (:mod:`pipeflow.parallel._records`).
+
 A state saved after the last item of an epoch, before the pass ended, resumes to an empty rest
 of that epoch, then the next epoch; a state saved after the pass ended is the next epoch's
-start. Workers, backends and in-flight limits are not part of a pipeline's identity: a state
-resumes with any worker count. Seeds, sizes and the stage list are: a state from another
-pipeline is refused with ``ValueError``.
+start (with what carries into it: a stateful dataset's state, persistent workers' states).
 """
 
 from __future__ import annotations
@@ -104,8 +115,6 @@ class Delivery:
     def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
         """Refuse a record that :meth:`after` could not have made for an epoch of *total*
         items of which the consumer took *consumed* outputs (``None``: not known)."""
-        from pipeflow._state_check import integer, record_keys
-
         record_keys(record, where, {"prefix", "extras"}, set())
         prefix = integer(record["prefix"], f"{where}['prefix']", 0, total)
         extras = record["extras"]
@@ -160,8 +169,6 @@ class Drops:
     @staticmethod
     def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
         """Refuse a record :meth:`after` could not have made (see :func:`check_inputs`)."""
-        from pipeflow._state_check import integer
-
         checked = check_inputs(record, where, consumed, total, {"dropped"})
         dropped = integer(checked.get("dropped", 0), f"{where}['dropped']", 0, checked["inputs"])
         if consumed is not None and not consumed <= checked["inputs"] <= consumed + dropped:
@@ -185,8 +192,6 @@ def check_inputs(
     out of range: *n* is at most the stage's *total* inputs per epoch, and at least its
     *consumed* outputs when it yields at most one output per input (a ``"start"``, other
     keys in *optional*: integers at least 0, checked here; anything else is the stage's)."""
-    from pipeflow._state_check import integer, record_keys
-
     record_keys(record, where, {"inputs"}, {"start", *optional})
     inputs = integer(record["inputs"], f"{where}['inputs']", 0, total)
     if "start" in record:  # outputs it makes again and skips: some the consumer took
@@ -275,6 +280,33 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
         if end > 0:
             offsets[0] = source_skip  # stage 0 skips what the source skipped
     return Plan(source_skip, cut, start, tuple(offsets), extras)
+
+
+def integer(value: Any, where: str, low: int = 0, high: int | None = None) -> int:
+    """*value* as an int in ``[low, high]``, else a ``ValueError`` naming *where*."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{where} must be an integer (got {value!r})"
+        raise ValueError(f"load_state_dict: {msg}")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        msg = f"{where} must be {bound} (got {value})"
+        raise ValueError(f"load_state_dict: {msg}")
+    return value
+
+
+def record_keys(record: Any, where: str, required: set[str], optional: set[str]) -> None:
+    """Refuse a record that is not a dict with the *required* keys and no unknown one."""
+    if not isinstance(record, dict):
+        msg = f"{where} must be a dict (got {type(record).__name__})"
+        raise ValueError(f"load_state_dict: {msg}")
+    missing = sorted(required - set(record))
+    if missing:
+        msg = f"{where} lacks the key {missing[0]!r} (it has {sorted(map(str, record))})"
+        raise ValueError(f"load_state_dict: {msg}")
+    unknown = sorted(set(map(str, record)) - required - optional)
+    if unknown:
+        msg = f"{where} has an unknown key {unknown[0]!r} (known: {sorted(required | optional)})"
+        raise ValueError(f"load_state_dict: {msg}")
 
 
 # -- taking states ------------------------------------------------------------------------------

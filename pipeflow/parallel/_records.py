@@ -15,22 +15,17 @@ from __future__ import annotations
 from typing import Any
 
 from pipeflow._context import Context
-from pipeflow._state_check import integer, record_keys
+from pipeflow._state_check import check_workers, same_workers
 from pipeflow.parallel._settings import Settings
-from pipeflow.parallel._states import WorkerStates, check_workers
-from pipeflow.state import Delivery, check_inputs
+from pipeflow.parallel._states import WorkerStates
+from pipeflow.state import Delivery, check_inputs, integer, record_keys
 
 __all__ = [
     "MapRecord",
     "SourceRecord",
     "check_map_record",
     "check_source_record",
-    "map_record_inline",
 ]
-
-#: What a worker's state holds that is the user's (a dataset's, a replica's): it cannot be
-#: given to another number of workers. The generators' states can be left behind.
-_USERS = ("dataset", "replica")
 
 
 def _restores(saved: dict[int, dict[str, Any]] | None, workers: int) -> list[Any] | None:
@@ -126,38 +121,10 @@ def check_map_record(
         out = {"inputs": out["inputs"]}
     if "workers" in record:
         workers = check_workers(record["workers"], f"{where}['workers']", None)
-        _same_workers(workers, settings.workers, where)
+        same_workers(workers, settings.workers, where)
         if len(workers) == settings.workers:
             out["workers"] = record["workers"]
     return out
-
-
-def map_record_inline(
-    record: Any, where: str, consumed: int | None, total: int | None
-) -> dict[str, Any]:
-    """A :class:`MapRecord` in order, for the same stages run in line: how many items it
-    took (refused when it holds the workers' copies of a stateful dataset)."""
-    out = check_inputs(record, where, None, total, {"workers"})
-    if consumed is not None and out["inputs"] > consumed:
-        msg = f"load_state_dict: {where} took more items than the state's position says"
-        raise ValueError(msg)
-    if "workers" in record:
-        workers = check_workers(record["workers"], f"{where}['workers']", None)
-        _same_workers(workers, 0, where)
-    return {"inputs": out["inputs"]}
-
-
-def _same_workers(workers: dict[int, Any], count: int, where: str) -> None:
-    """Refuse workers' states of the user's objects from another number of workers."""
-    if len(workers) == count:
-        return
-    if any(any(k in (w["state"] or {}) for k in _USERS) for w in workers.values()):
-        msg = (
-            f"load_state_dict: {where} holds the states of {len(workers)} workers' copies of "
-            f"the dataset, and this stage has {count} workers: each copy's state belongs to "
-            f"its worker; resume with {len(workers)} workers"
-        )
-        raise ValueError(msg)
 
 
 class SourceRecord:

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WorkerStates", "check_workers", "merge"]
+__all__ = ["WorkerStates", "merge"]
 
 #: Changes noted between two folds into the base (see :meth:`WorkerStates.fold`).
 _FOLD_EVERY = 256
@@ -118,30 +118,3 @@ class WorkerStates:
     def as_json(self, consumed: int) -> dict[str, Any]:
         """:meth:`after`, keyed by strings (a state is JSON)."""
         return {str(w): v for w, v in self.after(consumed).items()}
-
-
-def check_workers(record: Any, where: str, workers: int | None) -> dict[int, dict[str, Any]]:
-    """Refuse a ``"workers"`` record that :meth:`WorkerStates.as_json` could not have made;
-    return it keyed by worker id. *workers*: how many there must be (``None``: any)."""
-    from pipeflow._state_check import integer, record_keys
-
-    if not isinstance(record, dict):
-        msg = f"load_state_dict: {where} must be a dict (got {type(record).__name__})"
-        raise ValueError(msg)
-    out: dict[int, dict[str, Any]] = {}
-    for key, value in record.items():
-        wid = int(key) if isinstance(key, str) and key.isdigit() else None
-        if wid is None or (workers is not None and wid >= workers):
-            msg = f"load_state_dict: {where} names a worker {key!r} that does not exist"
-            raise ValueError(msg)
-        place = f"{where}[{key!r}]"
-        record_keys(value, place, {"count", "ended", "state"}, set())
-        integer(value["count"], f"{place}['count']")
-        if not isinstance(value["ended"], bool):
-            msg = f"load_state_dict: {place}['ended'] must be a bool (got {value['ended']!r})"
-            raise ValueError(msg)
-        if value["state"] is not None and not isinstance(value["state"], dict):
-            msg = f"load_state_dict: {place}['state'] must be a dict or None"
-            raise ValueError(msg)
-        out[wid] = value
-    return out
