@@ -18,6 +18,8 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
+from pipeflow._rngs import as_json as rngs_json
+
 __all__ = ["WorkerStates", "merge"]
 
 #: Changes noted between two folds into the base (see :meth:`WorkerStates.fold`).
@@ -116,5 +118,11 @@ class WorkerStates:
         return None
 
     def as_json(self, consumed: int) -> dict[str, Any]:
-        """:meth:`after`, keyed by strings (a state is JSON)."""
-        return {str(w): v for w, v in self.after(consumed).items()}
+        """:meth:`after`, keyed by strings, the generators' bytes encoded (a state is JSON)."""
+        out = {}
+        for w, v in self.after(consumed).items():
+            state = v["state"]
+            if state and "rng" in state:
+                state = {**state, "rng": rngs_json(state["rng"])}
+            out[str(w)] = {**v, "state": state}
+        return out
