@@ -125,6 +125,7 @@ def test_a_truncated_or_foreign_state_gets_a_clear_error() -> None:
         dl = pf.DataLoader(list(range(20)), batch_size=7, shuffle=True, generator=_seeded())
         with pytest.raises(ValueError, match=words):
             dl.load_state_dict(bad)
+        assert [len(b) for b in dl] == [7, 7, 6]  # nothing half-applied
 
 
 def test_a_refused_state_changes_nothing_not_even_the_generator() -> None:  # held before
@@ -362,3 +363,17 @@ def test_the_same_as_torchdatas_class(kind: str, workers: int, persistent: bool,
     mine = _scenario(pf.StatefulDataLoader, kind, workers, persistent, k)
     theirs = _scenario(torchdata.StatefulDataLoader, kind, workers, persistent, k)
     assert json.dumps(mine) == json.dumps(theirs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_datapipe_resumes_in_a_fresh_loader(workers: int) -> None:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def make() -> pf.DataLoader:
+        pipe = IterableWrapper(range(30)).shuffle().sharding_filter()
+        return pf.DataLoader(pipe, batch_size=4, num_workers=workers, generator=_seeded())
+
+    want, state = _rest_after(make, 3)
+    again = make()
+    again.load_state_dict(state)
+    assert _plain(again) == want
