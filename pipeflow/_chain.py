@@ -58,20 +58,10 @@ def run(
             keys = routes[i + 1].keys
             if stage.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
-            kept = stage.new_record(here, saved.get(i))  # for state_dict()
             ahead = any(s.reads_ahead for s in planned.stages[i + 1 :])
-            if kept is not None:
-                progress.deliveries[at] = kept
-                if ahead and hasattr(kept, "history"):  # snapshots after every item
-                    kept.history = True
-            hooks = Hooks(
-                recs[i + 1],
-                extras.get(i),
-                kept,
-                resources.setdefault(at, {}),
-                saved.get(i),
-                ahead,
-            )
+            kept = _record(stage, here, saved.get(i), ahead, progress, at)  # for state_dict()
+            hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))
+            hooks.saved, hooks.history = saved.get(i), ahead
             it = stage.apply(upstream, here, hooks)
             if i in cuts:
                 it = cut(it, cuts[i])
@@ -82,6 +72,20 @@ def run(
         close_all(chain)
         raise
     return Pass(chain, progress, record)
+
+
+def _record(
+    stage: Any, context: Context, saved: Any, ahead: bool, progress: Progress, at: int
+) -> Any:
+    """The stage's record for this pass (``state_dict()`` reads it from *progress*), or
+    ``None``; with a stage after it reading ahead, one that keeps snapshots keeps one after
+    every item."""
+    kept = stage.new_record(context, saved)
+    if kept is not None:
+        progress.deliveries[at] = kept
+        if ahead and hasattr(kept, "history"):
+            kept.history = True
+    return kept
 
 
 def _source(
