@@ -60,6 +60,7 @@ def run(
                 upstream = remembering(upstream, keys)
             ahead = any(s.reads_ahead for s in planned.stages[i + 1 :])
             kept = _record(stage, here, saved.get(i), ahead, progress, at)  # for state_dict()
+            watched(kept, planned.stages[i + 1 :], progress)
             hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))
             hooks.saved, hooks.history = saved.get(i), ahead
             it = stage.apply(upstream, here, hooks)
@@ -88,6 +89,26 @@ def _record(
     return kept
 
 
+def watched(record: Any, later: tuple[Any, ...], progress: Progress) -> None:
+    """Tell a record that folds what the consumer had (a parallel stage's) how to know it:
+    the outputs the consumer took, through the *later* stages (``None`` past one that is
+    not a map or a batch)."""
+    watch = getattr(record, "watch", None)
+    if watch is None:
+        return
+
+    def consumed() -> int | None:
+        k = progress.delivered
+        for s in reversed(later):
+            answer = s.resumption(k, None)
+            if answer.kind != "below":
+                return None
+            k = answer.inputs
+        return k
+
+    watch(consumed)
+
+
 def _source(
     planned: PassPlan,
     context: Context,
@@ -108,6 +129,7 @@ def _source(
         hooks = Hooks(rec, None, None, resources.setdefault(-1, {}), saved, ahead)
         it: Iterator[Any] = source.iterate(first, hooks)  # type: ignore[call-arg]
         progress.source = hooks.record
+        watched(hooks.record, planned.stages, progress)
     else:
         it = source.iterate(first)
     if start and not source.seekable():

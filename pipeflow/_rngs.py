@@ -31,7 +31,7 @@ import random
 import sys
 from typing import Any
 
-__all__ = ["KINDS", "Tracker", "as_json", "capture", "restore"]
+__all__ = ["KINDS", "as_json", "capture", "restore"]
 
 #: The values of ``rng_state``.
 KINDS = ("torch", "all", None)
@@ -88,35 +88,3 @@ def as_json(saved: dict[str, Any]) -> dict[str, Any]:
     if isinstance(value, bytes):
         return {**saved, "torch": base64.b64encode(value).decode("ascii")}
     return saved
-
-
-class Tracker:
-    """A worker's generators, item after item: what changed since the last item.
-
-    torch's state is compared as raw bytes (about 3 microseconds an item) and encoded only
-    when it changed; with ``"all"``, Python's and numpy's states are read every item.
-    """
-
-    __slots__ = ("kind", "last", "raw")
-
-    def __init__(self, kind: str | None) -> None:
-        self.kind = kind
-        self.last: dict[str, Any] = {}
-        self.raw = b""  # torch's state as last sent
-
-    def changed(self) -> dict[str, Any] | None:
-        """The states that changed since the last call (``None``: none did)."""
-        if self.kind is None:
-            return None
-        diff: dict[str, Any] = {}
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            raw = torch.get_rng_state().numpy().tobytes()
-            if raw != self.raw:  # sent as bytes; a state encodes them (see as_json)
-                self.raw = diff["torch"] = raw
-        if self.kind == "all":
-            now = capture("all")
-            now.pop("torch", None)
-            diff.update({k: v for k, v in now.items() if self.last.get(k) != v})
-            self.last.update(now)
-        return diff or None

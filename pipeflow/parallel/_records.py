@@ -17,7 +17,7 @@ from typing import Any
 from pipeflow._context import Context
 from pipeflow._state_check import check_workers, same_workers
 from pipeflow.parallel._settings import Settings
-from pipeflow.parallel._states import WorkerStates
+from pipeflow.parallel._states import MapStates, WorkerStates
 from pipeflow.state import Delivery, check_inputs, integer, record_keys
 
 __all__ = [
@@ -58,11 +58,11 @@ class MapRecord:
             extras = frozenset(saved["extras"]) if saved and "extras" in saved else frozenset()
             self.delivery = Delivery(context.offset, extras)
         self.order = self.delivery.order if self.delivery is not None else None
-        self.states: WorkerStates | None = None
+        self.states: MapStates | None = None
         self.restores: list[Any] | None = None
         if settings.workers > 0:
             base = _parsed((saved or {}).get("workers"), settings.workers)
-            self.states = WorkerStates(settings.workers, base)
+            self.states = MapStates(settings.workers, base)
             self.restores = _restores(base, settings.workers)
 
     def ended_record(self) -> dict[str, Any] | None:
@@ -71,13 +71,25 @@ class MapRecord:
         ``None`` otherwise."""
         if self.states is None or not self.persistent:
             return None
-        states = self.states
-        workers = states.as_json(states.folds + len(states.owner))
+        workers = self.states.as_json(lambda seq: True)  # every item of the pass went out
         if not any(w["state"] for w in workers.values()):
             return None
-        for w in workers.values():
-            w["count"], w["ended"] = 0, False
         return {"inputs": 0, "workers": workers}
+
+    def watch(self, consumed: Any) -> None:
+        """*consumed()* tells how many of this pass's outputs the consumer has taken (or
+        ``None``): the workers' states fold what it had, so the record stays small."""
+        if self.states is not None:
+            self.states.consumed = lambda: None if (k := consumed()) is None else self.taken(k)
+
+    def taken(self, consumed: int) -> Any:
+        """Whether item *seq* was among the first *consumed* outputs of this pass."""
+        if self.delivery is None:
+            end = self.offset + consumed
+            return lambda seq: seq < end
+        after = self.delivery.after(consumed)
+        prefix, extras = after["prefix"], set(after["extras"])
+        return lambda seq: seq < prefix or seq in extras
 
     def after(self, consumed: int) -> dict[str, Any]:
         """The stage's state once the consumer took *consumed* of this pass's outputs."""
@@ -86,7 +98,7 @@ class MapRecord:
         else:
             out = {"inputs": self.offset + consumed}
         if self.states is not None:
-            workers = self.states.as_json(consumed)
+            workers = self.states.as_json(self.taken(consumed))
             if any(w["state"] for w in workers.values()):
                 out["workers"] = workers
         return out
@@ -141,6 +153,10 @@ class SourceRecord:
         self.restores = _restores(base, self.workers)
         self.turn = (saved or {}).get("turn", 0)
         self.ended = [w for w, v in (base or {}).items() if v["ended"]]
+
+    def watch(self, consumed: Any) -> None:
+        """As :meth:`MapRecord.watch`."""
+        self.states.consumed = consumed
 
     def rotation(self) -> tuple[int, list[int]]:
         """The worker whose turn is first in this pass, and the workers that ran out."""

@@ -71,8 +71,7 @@ def run_parallel(
         replies = _results(pool, items, context, config, done, stats, out, note, (first, ended))
         if config.ordered:
             replies = _in_order(replies, context.offset, pool.drop)
-        track = states.track if states is not None else None
-        yield from _delivered(pool, replies, done, out, order, track)
+        yield from _delivered(pool, replies, done, out, order, states)
     finally:
         kept.give_back(pool, borrowed)
 
@@ -218,13 +217,13 @@ def _delivered(
     done: list[int],
     out: dict[int, Any],
     order: list[int] | None,
-    track: Callable[[int, int, str, Any], None] | None = None,
+    states: Any = None,
 ) -> Iterator[Any]:
     """Each reply's result, one at a time; a failed item's is its
     :class:`~pipeflow._failure.Failure`, and the next item goes on. Unordered, the numbers of
-    the items delivered go to *order* as each goes out; *track* notes, before each reply's
-    results go out, which worker made them and what changed in its state (see
-    :class:`~pipeflow.parallel._states.WorkerStates`).
+    the items delivered go to *order* as each goes out; *states* notes, before each reply's
+    results go out, what changed in its worker's state (every reply, for a source: which
+    worker made them; see :mod:`pipeflow.parallel._states`).
 
     A list of ``"ok"`` replies from threads or event loops, whose results are the workers'
     own objects, goes out as it is; anything else (a process's encoded result, a failure, a
@@ -233,7 +232,7 @@ def _delivered(
     note = None if order is None else order.append
     for chunk in chunks:
         done[0] += len(chunk)  # nothing more is sent before the consumer has had them all
-        if track is None and pool.plain and _ONLY_OK.issuperset(map(_kind, chunk)):
+        if states is None and pool.plain and _ONLY_OK.issuperset(map(_kind, chunk)):
             deque(map(out.pop, map(_seq, chunk), repeat(None)), 0)
             values = list(map(_payload, chunk))
             if WithDropped not in set(map(type, values)):
@@ -244,7 +243,7 @@ def _delivered(
                         note(seq)
                         yield value
                 continue
-        yield from _one_by_one(pool, chunk, out, note, track)
+        yield from _one_by_one(pool, chunk, out, note, states)
 
 
 def _one_by_one(
@@ -252,25 +251,26 @@ def _one_by_one(
     chunk: list[Reply],
     out: dict[int, Any],
     note: Callable[[int], Any] | None,
-    track: Callable[[int, int, str, Any], None] | None = None,
+    states: Any = None,
 ) -> Iterator[Any]:
     """The results of *chunk*'s replies as the consumer takes them; replies it does not take
     (it stopped) give back what they hold."""
     i = 0
+    every = states is not None and states.every
     try:
         for i, reply in enumerate(chunk, 1):  # noqa: B007 - the finally reads i
             item = out.pop(reply.seq, None)
             if reply.kind == "end":  # a source worker that ran out
-                if track is not None:
-                    track(reply.worker, 0, "end", reply.state)
+                if every:
+                    states.track(reply.worker, reply.seq, 0, "end", reply.state)
                 continue
             try:
                 value = pool.value(reply)
             except Exception as e:  # the item's own error, rebuilt here
                 value = Failure(e, _indices(item, reply.seq))
             ones = _unpack(value)
-            if track is not None:  # noted before they go out: a state taken while the
-                track(reply.worker, len(ones), reply.kind, reply.state)  # consumer holds one
+            if every or (states is not None and reply.state is not None):  # noted before
+                states.track(reply.worker, reply.seq, len(ones), reply.kind, reply.state)
             for one in ones:
                 if note is not None:
                     note(reply.seq)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeflow._rngs import as_json as rngs_json
 
-__all__ = ["WorkerStates", "merge"]
+__all__ = ["MapStates", "WorkerStates", "jsonable", "merge"]
 
 #: Changes noted between two folds into the base (see :meth:`WorkerStates.fold`).
 _FOLD_EVERY = 256
@@ -69,9 +69,13 @@ class WorkerStates:
         self.folds = 0  # outputs folded into the base
         self.consumed = consumed
 
-    def track(self, worker: int, outputs: int, kind: str, change: Any) -> None:
-        """A reply of *worker* went out: *outputs* outputs (0 for an ``"end"``), then its
-        state changed by *change*."""
+    #: Every reply is noted (the counts, the turns); a map's :class:`MapStates` notes only
+    #: the replies that carry a change.
+    every = True
+
+    def track(self, worker: int, seq: int, outputs: int, kind: str, change: Any) -> None:
+        """A reply of *worker* (item *seq*) went out: *outputs* outputs (0 for an ``"end"``),
+        then its state changed by *change*."""
         owner = self.owner
         for _ in range(outputs):
             owner.append(worker)
@@ -119,10 +123,60 @@ class WorkerStates:
 
     def as_json(self, consumed: int) -> dict[str, Any]:
         """:meth:`after`, keyed by strings, the generators' bytes encoded (a state is JSON)."""
-        out = {}
-        for w, v in self.after(consumed).items():
-            state = v["state"]
-            if state and "rng" in state:
-                state = {**state, "rng": rngs_json(state["rng"])}
-            out[str(w)] = {**v, "state": state}
+        return jsonable(self.after(consumed))
+
+
+def jsonable(workers: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Workers' states keyed by strings, the generators' bytes encoded (a state is JSON)."""
+    out = {}
+    for w, v in workers.items():
+        state = v["state"]
+        if state and "rng" in state:
+            state = {**state, "rng": rngs_json(state["rng"])}
+        out[str(w)] = {**v, "state": state}
+    return out
+
+
+class MapStates:
+    """A map's workers' states, as of the items the consumer received: only the replies that
+    carry a change are noted (by item number), so a worker whose state does not change (no
+    stateful dataset, torch's generator untouched) costs the pass one test per reply.
+
+    Args:
+        workers: how many workers.
+        saved: each worker's ``{"count", "ended", "state"}`` in the state a resumed pass
+            starts from (``None`` at the epoch's start).
+    """
+
+    __slots__ = ("base", "changes", "consumed", "done", "workers")
+
+    every = False
+
+    def __init__(self, workers: int, saved: dict[int, dict[str, Any]] | None) -> None:
+        self.workers = workers
+        self.base = {w: (saved or {}).get(w, {}).get("state") for w in range(workers)}
+        self.changes: list[tuple[int, int, dict[str, Any]]] = []  # (item, worker, change)
+        self.consumed: Callable[[], Callable[[int], bool] | None] | None = None
+        self.done: Callable[[int], bool] | None = None
+
+    def track(self, worker: int, seq: int, outputs: int, kind: str, change: Any) -> None:
+        """Worker *worker*'s state changed by *change* with item *seq*."""
+        self.changes.append((seq, worker, change))
+        if len(self.changes) % _FOLD_EVERY == 0 and self.consumed is not None:
+            taken = self.consumed()  # which items the consumer has had, if it can be told
+            if taken is not None:
+                self.base = self.after(taken)
+                self.changes = [c for c in self.changes if not taken(c[0])]
+
+    def after(self, taken: Callable[[int], bool]) -> dict[int, Any]:
+        """Each worker's state once the consumer had the items *taken* says."""
+        out = dict(self.base)
+        for seq, w, change in self.changes:
+            if taken(seq):
+                out[w] = merge(out[w], change)
         return out
+
+    def as_json(self, taken: Callable[[int], bool]) -> dict[str, Any]:
+        """:meth:`after` as a ``"workers"`` record."""
+        states = self.after(taken)
+        return jsonable({w: {"count": 0, "ended": False, "state": s} for w, s in states.items()})
