@@ -40,6 +40,8 @@ from pipeflow.pad import Padded
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.parallel._warm import set_warm_start
 from pipeflow.progress import progress
+from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
+from pipeflow.shards import Shard, shards
 from pipeflow.shared import SharedList, shared_list
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
@@ -60,6 +62,8 @@ __all__ = [
     "Loader",
     "Padded",
     "PipeflowError",
+    "Shard",
+    "ShardReadError",
     "SharedList",
     "Source",
     "Stage",
@@ -91,8 +95,12 @@ __all__ = [
     "pin_memory",
     "progress",
     "random_map",
+    "read_jsonl",
+    "read_parquet",
+    "read_tar",
     "set_warm_start",
     "shard",
+    "shards",
     "shared_list",
     "shuffle",
     "stage",
