@@ -230,7 +230,7 @@ class _Shards(Source[Shard]):
         c = self.config
         urls = self.urls
         digest = hashlib.sha1("\n".join(urls).encode()).hexdigest()[:8]
-        listed = f"{urls[0]!r}" if len(urls) == 1 else f"{urls[0]!r} … {urls[-1]!r}"
+        listed = f"{urls[0]!r}" if len(urls) == 1 else f"{urls[0]!r} … {urls[-1]!r}" if urls else ""
         what = f"{len(urls)} shards: {listed} #{digest}" if urls else "no shards"
         if self.sizes is not None:
             sized = hashlib.sha1(repr(self.sizes).encode()).hexdigest()[:8]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeflow import _checks
-from pipeflow.readers._bytes import ShardReadError
+from pipeflow.errors import ShardReadError
 from pipeflow.readers._decode import decoders
 from pipeflow.readers._jsonl import parse_jsonl
 from pipeflow.readers._parquet import open_parquet, parse_parquet

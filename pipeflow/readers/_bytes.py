@@ -25,19 +25,9 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from pipeflow.errors import PipeflowError
+from pipeflow.errors import ShardReadError
 
 __all__ = ["ShardReadError", "Storage", "Stream", "is_local", "local_path"]
-
-
-class ShardReadError(PipeflowError):
-    """A shard could not be read (it does not exist, it is truncated or malformed, or the
-    store failed past the retries): the message names the shard and the byte offset.
-
-    A reader yields it in the place of the shard's unread samples and goes on with the next
-    shard; :func:`~pipeflow.ignore_errors` never drops it (a shard's samples are not one bad
-    sample), so the epoch is never silently short.
-    """
 
 
 def is_local(url: str) -> bool:

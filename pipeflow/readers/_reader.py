@@ -34,8 +34,8 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage, _short
-from pipeflow.errors import annotate
-from pipeflow.readers._bytes import ShardReadError, Storage, Stream, is_local
+from pipeflow.errors import ShardReadError, annotate
+from pipeflow.readers._bytes import Storage, Stream, is_local
 from pipeflow.readers._decode import decoders
 from pipeflow.shards import Shard
 from pipeflow.state import Resume, check_inputs, integer
