@@ -151,7 +151,7 @@ def test_a_state_from_another_world_size_is_refused(tmp_path: Any) -> None:
     it = iter(two)
     next(it)
     three = pf.shards(paths, seed=1, rank=0, world_size=3, balance="shards") | pf.read_tar()
-    with pytest.raises(ValueError, match="world_size=2 in the state|world_size=3"):
+    with pytest.raises(ValueError, match=r"world_size=2 in the state|world_size=3"):
         three.load_state_dict(two.state_dict())
 
 
