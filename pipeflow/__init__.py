@@ -35,6 +35,7 @@ from pipeflow.errors import (
 from pipeflow.fetch import fetch
 from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
+from pipeflow.mix import mix
 from pipeflow.pack import pack
 from pipeflow.pad import Padded
 from pipeflow.parallel import parallel_map, parallel_source
@@ -89,6 +90,7 @@ __all__ = [
     "ignore_errors",
     "indices",
     "map",
+    "mix",
     "pack",
     "parallel_map",
     "parallel_source",

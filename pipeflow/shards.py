@@ -47,7 +47,8 @@ class Shard(NamedTuple):
 
     Attributes:
         url: the shard's path or URL.
-        index: the shard's number in the list :func:`shards` was given (stable across epochs).
+        number: the shard's number in the list :func:`shards` was given (stable across
+            epochs).
         start: the first sample of the shard to read (0 unless a rank's share begins inside
             the shard).
         stop: the sample to stop before, or ``None``: to the end of the shard.
@@ -56,11 +57,11 @@ class Shard(NamedTuple):
 
     Examples:
         >>> Shard("data/train-0.tar", 0)
-        Shard(url='data/train-0.tar', index=0, start=0, stop=None, size=None)
+        Shard(url='data/train-0.tar', number=0, start=0, stop=None, size=None)
     """
 
     url: str
-    index: int
+    number: int
     start: int = 0
     stop: int | None = None
     size: int | None = None

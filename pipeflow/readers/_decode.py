@@ -26,6 +26,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pipeflow.errors import _add_note
+
 __all__ = ["decode_sample", "decoders"]
 
 Decoder = Callable[[bytes], Any]
@@ -108,6 +110,8 @@ def decode_sample(sample: dict[str, Any], table: Mapping[str, Decoder | None]) -
         try:
             out[ext] = fn(value)
         except Exception as e:
-            e.add_note(f"pipeflow: decoding the field {ext!r} of sample {sample.get('__key__')!r}")
+            _add_note(
+                e, f"pipeflow: decoding the field {ext!r} of sample {sample.get('__key__')!r}"
+            )
             raise
     return out

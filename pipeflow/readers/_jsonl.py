@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeflow._failure import Failure
+from pipeflow.errors import _add_note
 from pipeflow.readers._reader import Opened
 from pipeflow.readers._tar import _check_count, _check_more
 from pipeflow.shards import Shard
@@ -48,6 +49,6 @@ def _sample(line: bytes, idx: int, url: str, decode: bool) -> Any:
     try:
         value = json.loads(body) if decode else body
     except ValueError as e:
-        e.add_note(f"pipeflow: line {idx} of shard {url!r} is not JSON")
+        _add_note(e, f"pipeflow: line {idx} of shard {url!r} is not JSON")
         return Failure(e, [(url, idx)])
     return {"__key__": str(idx), "__url__": url, "__index__": idx, "json": value}
