@@ -35,11 +35,14 @@ from pipeflow.errors import (
 from pipeflow.fetch import fetch
 from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
 from pipeflow.loader import Loader
+from pipeflow.mix import mix
 from pipeflow.pack import pack
 from pipeflow.pad import Padded
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.parallel._warm import set_warm_start
 from pipeflow.progress import progress
+from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
+from pipeflow.shards import Shard, shards
 from pipeflow.shared import SharedList, shared_list
 from pipeflow.shuffle import shuffle
 from pipeflow.sources import from_iterable, from_sampler, indices
@@ -60,6 +63,8 @@ __all__ = [
     "Loader",
     "Padded",
     "PipeflowError",
+    "Shard",
+    "ShardReadError",
     "SharedList",
     "Source",
     "Stage",
@@ -85,14 +90,19 @@ __all__ = [
     "ignore_errors",
     "indices",
     "map",
+    "mix",
     "pack",
     "parallel_map",
     "parallel_source",
     "pin_memory",
     "progress",
     "random_map",
+    "read_jsonl",
+    "read_parquet",
+    "read_tar",
     "set_warm_start",
     "shard",
+    "shards",
     "shared_list",
     "shuffle",
     "stage",

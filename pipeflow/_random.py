@@ -5,7 +5,8 @@ Every random stream pipeflow makes is keyed by ``(seed, stream, epoch, ...)`` th
 (:func:`seed_words`). *stream* says what the draws are for — :data:`SHUFFLE` (a full
 shuffle's order), :data:`BUFFER_SHUFFLE`, :data:`WORKERS` (the workers' base seed),
 :data:`ITEM` (one item's generator, then its position), :data:`TOKEN_BATCH` and
-:data:`BUCKET` (the order of the batches the sequence stages make) — so that two stages
+:data:`BUCKET` (the order of the batches the sequence stages make), :data:`SHARDS` (the order
+of an epoch's shards) and :data:`MIX` (which source a mix draws from) — so that two stages
 given the same seed never share draws (``SeedSequence`` pads short inputs with zeros: without
 the word, ``(seed, epoch)`` and ``(seed, epoch, 0)`` would be one stream). numpy generators are
 ``PCG64(SeedSequence(words))`` (:func:`numpy_rng`); every other generator (Python's
@@ -28,6 +29,8 @@ __all__ = [
     "BUCKET",
     "BUFFER_SHUFFLE",
     "ITEM",
+    "MIX",
+    "SHARDS",
     "SHUFFLE",
     "TOKEN_BATCH",
     "WORKERS",
@@ -50,6 +53,10 @@ TOKEN_BATCH = 5
 #: ``bucket``: the order within each bucket and of the batches (keyed by the epoch, and by the
 #: window's first input when it reads windows).
 BUCKET = 6
+#: ``shards``: the order of an epoch's shards, keyed by the epoch.
+SHARDS = 7
+#: ``mix``: which source gives the item at each position, keyed by the epoch (and the position).
+MIX = 8
 
 
 class DrawnSeed(int):

@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "PipeflowError",
+    "ShardReadError",
     "StageStuckError",
     "WorkerDiedError",
     "WorkerError",
@@ -73,6 +74,16 @@ class StageStuckError(PipeflowError):
     the next stage (which does not take failures) to ask for an item: an iterator that raises
     on every ``next()`` would otherwise hold the pass forever. The pass ends after the failures
     it raised; :func:`pipeflow.ignore_errors` never drops this error."""
+
+
+class ShardReadError(PipeflowError):
+    """A shard could not be read (it does not exist, it is truncated or malformed, or the
+    store failed past the retries): the message names the shard and the byte offset.
+
+    A reader yields it in the place of the shard's unread samples and goes on with the next
+    shard; :func:`~pipeflow.ignore_errors` never drops it (a shard's samples are not one bad
+    sample), so the epoch is never silently short.
+    """
 
 
 class _RemoteTraceback(Exception):

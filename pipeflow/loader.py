@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -292,10 +293,16 @@ class Loader(Generic[Out]):
         self.close()  # what ran on the old seeds (kept worker pools) stops
         self._source, self._stages, self._plan = source, tuple(stages), None
 
-    def pass_record(self) -> dict[str, Any] | None:
+    def pass_record(self, delivered: int | None = None) -> dict[str, Any] | None:
         """Where the pass in progress stands, without the pipeline's identity (a worker's
-        replica reports it; see :func:`pipeflow.state.light`)."""
-        return light(self._source, self._stages, self._progress)
+        replica reports it; see :func:`pipeflow.state.light`); as of *delivered* of its
+        outputs when given (a loader read by another source, ``mix``, whose own consumer
+        may stand behind it)."""
+        progress = self._progress
+        if delivered is not None and progress is not None and not progress.done:
+            progress = copy.copy(progress)
+            progress.delivered = delivered - progress.start
+        return light(self._source, self._stages, progress)
 
     def resume_from(self, epoch: int, record: dict[str, Any]) -> None:
         """Make the next pass epoch *epoch*, resumed where *record* (a :meth:`pass_record`

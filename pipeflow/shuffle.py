@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow import _checks
-from pipeflow._context import Context
+from pipeflow._context import Context, Hooks
 from pipeflow._permutation import Permutation
 from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
-from pipeflow.state import Resume
+from pipeflow.state import Resume, check_inputs, integer
 
 __all__ = ["shuffle"]
 
@@ -74,7 +75,7 @@ def shuffle(
     if buffer_size is None:
         return _FullShuffle(_permute, "shuffle", {"seed": seed}, length="same")
     buffer_size = _checks.optional_integer("shuffle", "buffer_size", buffer_size, low=1)
-    return Stage(
+    return _BufferShuffle(
         _buffer_shuffle, "shuffle", {"seed": seed, "buffer_size": buffer_size}, length="same"
     )
 
@@ -116,16 +117,189 @@ def _permute_torch(
     yield from map(pool.__getitem__, tail)
 
 
-def _buffer_shuffle(items: Iterable[T], seed: int, buffer_size: int, *, epoch: int) -> Iterator[T]:
+class _BufferShuffle(Stage[T, T]):
+    """A buffer shuffle: resumed exactly by a deterministic refill (see :class:`Buffer`)."""
+
+    __slots__ = ()
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[T]:
+        hooks = hooks or Hooks()
+        c = self._config
+        return _buffer_shuffle(upstream, c["seed"], c["buffer_size"], context, hooks)
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """Where its first *k* outputs leave it is in the pass's record."""
+        return Resume.recorded()
+
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Buffer:
+        c = self._config
+        return Buffer(c["buffer_size"], c["seed"], context.epoch, saved)
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """``{"inputs": n, "made": t, "read": r}``: *n* must be where the buffer's oldest
+        item was read once *t* outputs were made from *r* inputs (replayed to check)."""
+        checked = check_inputs(record, where, None, None, {"made", "read"})
+        made = integer(checked.get("made", 0), f"{where}['made']", 0, consumed)
+        read = integer(checked.get("read", 0), f"{where}['read']", 0, total)
+        size = self._config["buffer_size"]
+        if consumed is not None and made != consumed:
+            msg = f"load_state_dict: {where} made {made} outputs, the position says {consumed}"
+            raise ValueError(msg)
+        if not max(read - size, 0) <= made <= read:
+            msg = (
+                f"load_state_dict: {where}: a buffer of {size} can't make {made} outputs from "
+                f"{read} inputs"
+            )
+            raise ValueError(msg)
+        if checked["inputs"] > made:  # every input before the oldest buffered one went out
+            msg = (
+                f"load_state_dict: {where}['inputs'] must be at most {made}, the outputs made "
+                f"(got {checked['inputs']})"
+            )
+            raise ValueError(msg)
+        return {"inputs": checked["inputs"], "made": made, "read": read}
+
+
+def replay(
+    seed: int, size: int, epoch: int, made: int, read: int
+) -> tuple[random.Random, list[int], bool]:
+    """The buffer after *made* outputs from *read* inputs: the generator, the input number
+    in each slot (in slot order; the rest of the drain, in order, once drained), and whether
+    it drained (the input ended at *read*: *made* is past ``read - size``)."""
     rng = random.Random(derive(seed, BUFFER_SHUFFLE, epoch))
-    buf: list[T] = []
+    nums = list(range(min(read, size)))
+    steady = max(read - size, 0)
     randrange = rng.randrange
-    for item in items:
-        if len(buf) < buffer_size:
+    for s in range(min(made, steady)):
+        nums[randrange(size)] = size + s
+    if made <= steady:
+        return rng, nums, False
+    rng.shuffle(nums)
+    return rng, nums[made - steady :], True
+
+
+class Buffer:
+    """A buffer shuffle's record of one pass: snapshots of its buffer (the input number in
+    each slot) every *size* outputs, so :meth:`after` replays at most that many draws.
+
+    A state holds ``{"inputs": n, "made": t, "read": r}``: *t* outputs made from *r* inputs,
+    and *n*, the input the buffer's oldest item came from. A resumed pass replays the *t*
+    draws from ``(seed, epoch)`` to know which input sits in which slot, reads the inputs
+    from *n* to *r* again (the upstream restarts at *n*), keeps the ones in the buffer, and
+    goes on: exactly the uninterrupted order, from positions only, re-reading the buffer's
+    span (about ``size * ln(size)`` inputs) instead of the epoch."""
+
+    __slots__ = ("epoch", "first", "seed", "size", "snaps")
+
+    def __init__(self, size: int, seed: int, epoch: int, saved: dict[str, Any] | None) -> None:
+        self.size, self.seed, self.epoch = size, seed, epoch
+        self.snaps: deque[tuple[int, int, Any, list[int], bool]] = deque(maxlen=8)
+        self.first = dict(saved) if saved else {"inputs": 0, "made": 0, "read": 0}
+
+    def snap(
+        self, made: int, read: int, rng: random.Random, nums: list[int], drained: bool
+    ) -> None:
+        """The buffer after *made* outputs from *read* inputs."""
+        self.snaps.append((made, read, rng.getstate(), list(nums), drained))
+
+    def after(self, consumed: int) -> dict[str, Any]:
+        """The record once the consumer took *consumed* outputs of the epoch."""
+        best = None
+        for snap in self.snaps:  # the latest one at or before *consumed*
+            if snap[0] <= consumed:
+                best = snap
+        if best is None and consumed == self.first["made"]:  # the pass has made nothing
+            return dict(self.first)
+        if best is None:  # older than the snapshots kept: replay from the epoch's start
+            read = consumed + self.size
+            _, nums, _ = replay(self.seed, self.size, self.epoch, consumed, read)
+            return _record(nums, consumed, read)
+        made, read, state, nums, drained = best
+        if drained:  # the drain's order is known: what the consumer had not taken
+            return _record(nums[consumed - made :], consumed, read)
+        nums = list(nums)
+        rng = random.Random()
+        rng.setstate(state)
+        for _ in range(consumed - made):  # (a drain comes after the last steady snapshot)
+            while len(nums) < self.size:  # filling: reads without a draw
+                nums.append(read)
+                read += 1
+            nums[rng.randrange(self.size)] = read
+            read += 1
+        return _record(nums, consumed, read)
+
+
+def _record(nums: list[int], made: int, read: int) -> dict[str, Any]:
+    return {"inputs": min(nums, default=read), "made": made, "read": read}
+
+
+def _buffer_shuffle(
+    items: Iterable[T], seed: int, buffer_size: int, context: Context, hooks: Hooks
+) -> Iterator[T]:
+    record: Buffer | None = hooks.record
+    saved = hooks.saved
+    size = buffer_size
+    if saved:  # resumed: refill the buffer from the inputs since its oldest item
+        made, read = saved["made"], saved["read"]
+        rng, nums, drained = replay(seed, size, context.epoch, made, read)
+        if min(nums, default=read) != context.offset:
+            msg = (
+                f"shuffle: the state's record says the buffer's oldest item is input "
+                f"{context.offset}, but {made} outputs from {read} inputs in epoch "
+                f"{context.epoch} leave input {min(nums, default=read)}: the record is not this "
+                "stage's"
+            )
+            raise ValueError(msg)
+        it = iter(items)
+        slot = {x: i for i, x in enumerate(nums)}
+        buf: list[Any] = [None] * len(nums)
+        for n in range(context.offset, read):
+            item = next(it)
+            if n in slot:
+                buf[slot[n]] = item
+    else:
+        rng = random.Random(derive(seed, BUFFER_SHUFFLE, context.epoch))
+        it, made, read, drained, buf, nums = iter(items), 0, 0, False, [], []
+    if not drained:
+        yield from _steady(it, rng, buf, nums, made, read, size, record)
+    else:
+        yield from buf
+
+
+def _steady(
+    it: Iterator[T],
+    rng: random.Random,
+    buf: list[Any],
+    nums: list[int],
+    made: int,
+    read: int,
+    size: int,
+    record: Buffer | None,
+) -> Iterator[T]:
+    randrange = rng.randrange
+    if record is not None:
+        record.snap(made, read, rng, nums, False)
+    for item in it:
+        if len(buf) < size:
             buf.append(item)
+            nums.append(read)
+            read += 1
             continue
-        j = randrange(buffer_size)
+        j = randrange(size)
         out, buf[j] = buf[j], item
+        nums[j] = read
+        read += 1
+        made += 1
+        if record is not None and made % size == 0:
+            record.snap(made, read, rng, nums, False)
         yield out
-    rng.shuffle(buf)
-    yield from buf
+    order = list(range(len(buf)))
+    rng.shuffle(order)
+    if record is not None:
+        record.snap(made, read, rng, [nums[i] for i in order], True)
+    for i in order:
+        yield buf[i]

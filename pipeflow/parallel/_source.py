@@ -57,6 +57,20 @@ class _ParallelSource(Source[Any]):
     def describe(self) -> str:
         return self.config.describe("parallel_source", repr(self.loader))
 
+    def seed_slots(self) -> list[tuple[str, int]]:
+        """The seeds of the loader each worker runs, then the workers' seed: drawn ones
+        travel in a state like any stage's (see :mod:`pipeflow._seeds`)."""
+        workers = [("parallel_source" + name, seed) for name, seed in self.config.seed_slots()]
+        return [*self.loader.seed_slots(), *workers]
+
+    def with_seeds(self, seeds: Iterator[int]) -> _ParallelSource:
+        """This source with its seeds taken in order from *seeds* (as :meth:`seed_slots`)."""
+        loader = self.loader.with_seeds(seeds)
+        config = self.config.with_seeds(seeds)
+        if loader is self.loader and config is self.config:
+            return self
+        return _ParallelSource(loader, config)
+
     def identity(self) -> str:
         """What a state compares: the loader each worker runs and the delivery order, not
         the runtime knobs (the worker count is checked with the source's record)."""

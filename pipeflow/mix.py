@@ -1,0 +1,251 @@
+"""``mix``: several loaders interleaved by weight, deterministically, resumably.
+
+Which loader gives the item at each position of an epoch is drawn from ``(seed, epoch,
+position)`` alone (the stream :data:`~pipeflow._random.MIX`, a counter-based draw: no
+generator state to save), among the loaders still in play, by their weights. Each loader
+runs its own passes; a state holds, for each, where its pass stands (its own
+:meth:`~pipeflow.Loader.pass_record`) as of the consumer's position, so a resumed mix resumes
+each loader exactly, reading nothing again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pipeflow import _checks
+from pipeflow._context import Context, Hooks
+from pipeflow._random import MIX, check_seed, derive, fresh_seed
+from pipeflow._stage import Source
+from pipeflow.loader import Loader
+from pipeflow.state import integer, record_keys
+
+__all__ = ["mix"]
+
+_STOPS = ("first", "all", "cycle")
+_MASK64 = (1 << 64) - 1
+
+
+def _uniform(key: int, position: int) -> float:
+    """A number in [0, 1) from *key* and *position* (splitmix64)."""
+    z = (key + (position + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+class _Record:
+    """A mix's pass: which loader gave each output, and each loader's passes (to read its
+    record at any count of its outputs)."""
+
+    __slots__ = ("base", "counts", "ended", "ends", "made", "passes", "source", "start")
+
+    def __init__(self, source: _Mix, saved: dict[str, Any] | None, start: int) -> None:
+        n = len(source.loaders)
+        self.source, self.start = source, start
+        base = saved or {"counts": [0] * n, "ended": [False] * n, "cycles": [0] * n}
+        self.counts = list(base["counts"])  # outputs of each loader's current pass, consumed
+        self.ended = list(base["ended"])
+        self.passes = list(base.get("cycles", [0] * n))
+        self.base = (list(self.counts), list(self.ended), list(self.passes))
+        self.made: list[tuple[int, int, int]] = []  # per output: (loader, its count, pass)
+        self.ends: list[tuple[int, int]] = []  # (outputs made before, loader) as one ran out
+
+    def after(self, needed: int) -> dict[str, Any]:
+        """The record once the consumer took *needed* of the epoch's items."""
+        counts, ended, passes = list(self.base[0]), list(self.base[1]), list(self.base[2])
+        for i, count, cycle in self.made[: needed - self.start]:
+            counts[i], passes[i] = count, cycle
+        for at, i in self.ends:  # (a loader found out as it ran out is drawn again alike)
+            if at <= needed:
+                ended[i] = True
+        loaders: list[dict[str, Any] | None] = []
+        for i, loader in enumerate(self.source.loaders):
+            if ended[i]:
+                loaders.append(None)
+                continue
+            record = loader.pass_record(counts[i])
+            loaders.append(record if record is not None else {"position": counts[i]})
+        return {"counts": counts, "ended": ended, "cycles": passes, "loaders": loaders}
+
+
+class _Mix(Source[Any]):
+    name = "mix"
+    uses_hooks = True
+
+    def __init__(
+        self, loaders: tuple[Loader[Any], ...], weights: tuple[float, ...], seed: int, stop: str
+    ) -> None:
+        self.loaders, self.weights, self.seed, self.stop = loaders, weights, seed, stop
+
+    def seekable(self) -> bool:
+        return True  # a resumed pass resumes each loader from the record
+
+    def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
+        hooks = hooks or Hooks()
+        saved = hooks.saved
+        record = _Record(self, saved, context.start)
+        hooks.record = record
+        return self._run(context, record, saved)
+
+    def _run(
+        self, context: Context, record: _Record, saved: dict[str, Any] | None
+    ) -> Iterator[Any]:
+        key = derive(self.seed, MIX, context.epoch)
+        n = len(self.loaders)
+        its = self._start(context, record, saved)
+        counts, ended, passes = record.counts, record.ended, record.passes
+        position = context.start
+        try:
+            while True:
+                live = [i for i in range(n) if not ended[i]]
+                if not live:
+                    return
+                total = sum(self.weights[i] for i in live)
+                u, i = _uniform(key, position) * total, live[-1]
+                for j in live:
+                    u -= self.weights[j]
+                    if u < 0:
+                        i = j
+                        break
+                try:
+                    item = next(its[i])
+                except StopIteration:
+                    if self.stop == "first":
+                        return
+                    if self.stop == "cycle" and counts[i]:
+                        if not passes[i] and all(passes[j] or ended[j] for j in range(n) if j != i):
+                            return  # every loader has run out once: the mix ends here
+                        passes[i] += 1
+                        counts[i] = 0
+                        self.loaders[i].set_epoch(context.epoch + passes[i])
+                        its[i] = iter(self.loaders[i])
+                        continue
+                    ended[i] = True  # ("cycle": an empty loader is not started again)
+                    record.ends.append((position, i))
+                    continue
+                counts[i] += 1
+                record.made.append((i, counts[i], passes[i]))
+                position += 1
+                yield item
+        finally:
+            for it in its:
+                if it is not None:
+                    it.close()
+
+    def _start(self, context: Context, record: _Record, saved: dict[str, Any] | None) -> list[Any]:
+        """Each loader's pass in play (resumed where the state says)."""
+        n = len(self.loaders)
+        its: list[Any] = [None] * n
+        for i, loader in enumerate(self.loaders):
+            if record.ended[i]:
+                continue
+            loader.set_epoch(context.epoch + record.passes[i])
+            child = (saved or {}).get("loaders", [None] * n)[i]
+            if child is not None:
+                loader.resume_from(context.epoch + record.passes[i], child)
+            its[i] = iter(loader)
+        return its
+
+    def check_record(self, record: Any, position: int) -> dict[str, Any]:
+        """A :class:`_Record`'s: a count, an end and a pass per loader, and each loader's
+        record (its own pass record: the position of its pass, its stages' records)."""
+        where = "state['source']"
+        record_keys(record, where, {"counts", "ended", "cycles", "loaders"}, set())
+        n = len(self.loaders)
+        for key in ("counts", "ended", "cycles", "loaders"):
+            value = record[key]
+            if not isinstance(value, list) or len(value) != n:
+                msg = f"load_state_dict: {where}[{key!r}] must be a list of {n} (got {value!r})"
+                raise ValueError(msg)
+        for i in range(n):
+            integer(record["counts"][i], f"{where}['counts'][{i}]")
+            integer(record["cycles"][i], f"{where}['cycles'][{i}]")
+            if not isinstance(record["ended"][i], bool):
+                raise ValueError(f"load_state_dict: {where}['ended'][{i}] must be a bool")
+            child = record["loaders"][i]
+            if child is not None:
+                record_keys(child, f"{where}['loaders'][{i}]", {"position"}, {"stages", "source"})
+                integer(child["position"], f"{where}['loaders'][{i}]['position']")
+        if sum(record["counts"]) > position and not any(record["cycles"]):
+            msg = f"load_state_dict: {where} counts more items than the position {position}"
+            raise ValueError(msg)
+        return dict(record)
+
+    def requires_record(self) -> bool:
+        return True
+
+    def length(self) -> int | None:
+        return None
+
+    def describe(self) -> str:
+        inner = ", ".join(repr(x).replace("\n", " ") for x in self.loaders)
+        return (
+            f"mix([{inner}], weights={list(self.weights)}, seed={self.seed!r}, stop={self.stop!r})"
+        )
+
+    def seed_slots(self) -> list[tuple[str, int]]:
+        return [("mix", self.seed), *(s for x in self.loaders for s in x.seed_slots())]
+
+    def with_seeds(self, seeds: Iterator[int]) -> _Mix:
+        seed = next(seeds)
+        loaders = tuple(x.with_seeds(seeds) for x in self.loaders)
+        return _Mix(loaders, self.weights, seed, self.stop)
+
+    def close(self) -> None:
+        for x in self.loaders:
+            x.close()
+
+
+def mix(
+    loaders: Sequence[Loader[Any]],
+    *,
+    weights: Sequence[float] | None = None,
+    seed: int | None = None,
+    stop: str = "all",
+) -> Loader[Any]:
+    """Interleave several loaders by weight: each item comes from loader ``i`` with
+    probability ``weights[i] / sum(weights)`` (of the loaders still in play), drawn from
+    ``(seed, epoch, position)`` alone, so an epoch's mix is the same in every run.
+
+    Args:
+        loaders: the loaders to mix (each runs its own passes; in epoch *e* each one runs its
+            epoch *e*, a restart its epoch *e + 1*, *e + 2*, ...).
+        weights: one positive weight per loader (equal by default).
+        seed: the draws' seed; ``None`` draws one (it travels in a state).
+        stop: when the epoch ends: ``"first"`` (as soon as one loader runs out),
+            ``"all"`` (a loader that runs out leaves the mix; the epoch ends with the last:
+            every item of every loader once) or ``"cycle"`` (a loader that runs out starts
+            again, until every loader has run out once: the smaller ones are repeated).
+
+    Raises:
+        TypeError, ValueError: for loaders that are not pipeflow loaders (or one given twice),
+            weights that are not positive numbers, one per loader, or another *stop*.
+
+    Examples:
+        >>> import pipeflow as pf
+        >>> loader = pf.mix([pf.from_iterable("abc"), pf.from_iterable("XY")], seed=0)
+        >>> sorted(loader)
+        ['X', 'Y', 'a', 'b', 'c']
+        >>> short = pf.mix([pf.from_iterable("abc"), pf.from_iterable("X")], seed=0, stop="cycle")
+        >>> sorted(set(short)) == ['X', 'a', 'b', 'c']
+        True
+    """
+    loaders = tuple(loaders)
+    if not loaders or not all(isinstance(x, Loader) for x in loaders):
+        msg = f"mix: loaders must be a non-empty list of pipeflow loaders (got {loaders!r})"
+        raise TypeError(msg)
+    if len({id(x) for x in loaders}) != len(loaders):
+        raise ValueError("mix: a loader is given twice; build one loader per source")
+    if weights is None:
+        weights = [1.0] * len(loaders)
+    weights = tuple(weights)
+    if len(weights) != len(loaders) or not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) and 0 < w < float("inf")
+        for w in weights
+    ):
+        msg = f"mix: weights must be {len(loaders)} positive numbers (got {list(weights)!r})"
+        raise ValueError(msg)
+    _checks.one_of("mix", "stop", stop, _STOPS)
+    seed = fresh_seed() if seed is None else check_seed("mix", seed)
+    return Loader(_Mix(loaders, tuple(float(w) for w in weights), seed, stop))

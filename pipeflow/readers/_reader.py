@@ -1,0 +1,292 @@
+"""What every reader shares: shards in, samples out, the next shards opened ahead, and a
+record of where the consumer stands for an exact, cheap resume.
+
+A reader stage takes :class:`~pipeflow.Shard` records (or plain names) and yields each
+shard's samples through a format's parser (:mod:`._tar`, :mod:`._jsonl`, :mod:`._parquet`),
+a generator of ``(sample, next)`` pairs: *next* is where the shard's next sample starts (a
+byte offset; a Parquet row group), so that a resumed pass seeks there instead of reading the
+shard again.
+
+**The record** (:class:`ReadRecord`, :meth:`Reader.new_record`) is in the ``{"inputs": n,
+"start": m}`` form of :mod:`pipeflow.state`, with a key of the reader's own: ``n`` shards
+were done, ``m`` samples of the next one were consumed, and ``"offset"`` says where its
+sample ``m`` starts. A resumed pass starts the source at shard ``n``; the reader opens it at
+``offset`` and reads on from sample ``m``: it reads no other shard and no byte before. For
+each shard of the pass the record keeps where its outputs began, and for the latest
+:data:`KEEP_OFFSETS` shards every sample's offset (8 bytes each); a state that falls in an
+older shard (a long buffer after the reader) has no offset, and the shard is read from its
+start, skipping ``m`` samples: exact still, a little dearer.
+
+**Failures**: a sample that fails to decode is a failure in its place (``ignore_errors``
+drops it); a shard that cannot be read (missing, truncated, the store failing past the
+retries) is one :class:`~pipeflow.ShardReadError` in the place of its unread samples, and
+the reader goes on with the next shard. Each counts as one output.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from pipeflow._context import Context, Hooks
+from pipeflow._failure import Failure
+from pipeflow._stage import Stage, _short
+from pipeflow.errors import ShardReadError, annotate
+from pipeflow.readers._bytes import Storage, Stream, is_local
+from pipeflow.readers._decode import decoders
+from pipeflow.shards import Shard
+from pipeflow.state import Resume, check_inputs, integer
+
+__all__ = [
+    "KEEP_OFFSETS",
+    "OPEN_AHEAD",
+    "Opened",
+    "ReadRecord",
+    "Reader",
+    "as_shard",
+    "open_stream",
+]
+
+#: The shards of a pass whose samples' offsets a record keeps (the latest ones).
+KEEP_OFFSETS = 64
+
+#: A parser: ``parse(shard, opened, start, offset, config) -> Iterator[(sample, next)]``,
+#: yielding the shard's samples from sample *start* on; *offset* (or ``None``) is where
+#: sample *start* begins, when a resumed pass knows it.
+Parser = Callable[..., Iterator[tuple[Any, int]]]
+
+
+def as_shard(item: Any) -> Shard:
+    """A reader's input as a :class:`Shard` (a plain name stands for the whole shard)."""
+    if isinstance(item, Shard):
+        return item
+    if isinstance(item, str):
+        return Shard(item, -1)
+    msg = f"a reader takes shard names or pf.Shard records (got {type(item).__name__})"
+    raise TypeError(msg)
+
+
+class ReadRecord:
+    """Where each shard of a pass began in its outputs, and its samples' offsets (see the
+    module's text). *offset*: shards done before the pass; *start*, *first*: the first
+    shard's samples consumed before the pass, and where the next one starts."""
+
+    __slots__ = ("before", "ends", "first", "inputs", "offset", "offsets", "skipped")
+
+    def __init__(self, offset: int, start: int, first: int | None) -> None:
+        self.offset = offset
+        self.inputs = 0  # shards opened in this pass
+        self.before = array("q")  # per shard: outputs of the pass before its first one
+        self.skipped = array("q")  # per shard: its samples consumed before the pass
+        self.ends = array("q")  # per shard: its outputs in the pass (-1: still open)
+        self.offsets: deque[tuple[int, array[int]]] = deque()  # (shard, next offsets)
+        self.first = (start, first)
+
+    def open(self, made: int, start: int) -> array[int]:
+        """A shard opens after *made* outputs of the pass; its *start* samples were consumed
+        before. Returns where its samples' offsets go."""
+        self.before.append(made)
+        self.skipped.append(start)
+        self.ends.append(-1)
+        offsets = array("q")
+        self.offsets.append((self.inputs, offsets))
+        if len(self.offsets) > KEEP_OFFSETS:
+            self.offsets.popleft()
+        self.inputs += 1
+        return offsets
+
+    def close(self, outputs: int) -> None:
+        """The open shard made *outputs* outputs in this pass."""
+        self.ends[-1] = outputs
+
+    def after(self, consumed: int) -> dict[str, Any]:
+        """Where the reader stands once the consumer took *consumed* of this pass's outputs."""
+        j = bisect_right(self.before, consumed) - 1
+        if j < 0:  # nothing opened yet: where the pass began
+            start, first = self.first
+            return _form(self.offset, start, first)
+        into = consumed - self.before[j]
+        if self.ends[j] == into and (j + 1 == self.inputs or self.before[j + 1] > consumed):
+            return {"inputs": self.offset + j + 1}  # the shard is done
+        start = self.skipped[j] + into
+        offset = self._offset(j, into)
+        return _form(self.offset + j, start, offset)
+
+    def _offset(self, j: int, into: int) -> int | None:
+        if into == 0:
+            return self.first[1] if j == 0 else None
+        for shard, offsets in self.offsets:
+            if shard == j:
+                return offsets[into - 1] if into - 1 < len(offsets) else None
+        return None
+
+
+def _form(inputs: int, start: int, offset: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"inputs": inputs}
+    if start:
+        out["start"] = start
+        if offset is not None:
+            out["offset"] = offset
+    return out
+
+
+class Reader(Stage[Any, Any]):
+    """A reader stage: its function is the format's parser (see :data:`Parser`); its
+    configuration holds ``prefetch``, ``storage_options``, ``block_size``, ``window`` and
+    ``retries`` besides the format's own (``decode``, ``columns``)."""
+
+    __slots__ = ()
+
+    def identity(self) -> list[str]:
+        """What a state compares: the format and what it makes of the bytes, not how they
+        are fetched (prefetch, blocks, retries, storage options may change between runs)."""
+        kept = {k: v for k, v in self._config.items() if k in ("decode", "columns")}
+        return [f"{self._name}({', '.join(f'{k}={_short(v)}' for k, v in kept.items())})"]
+
+    @property
+    def reads_ahead(self) -> bool:  # type: ignore[override]
+        """It opens the next ``prefetch`` shards while it reads one."""
+        return bool(self._config.get("prefetch"))
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[Any]:
+        hooks = hooks or Hooks()
+        saved = hooks.saved or {}
+        offset = saved.get("offset")
+        return _read(self._fn, self._name, upstream, context, hooks.record, offset, self._config)
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """Where its first *k* outputs leave it is in the pass's record."""
+        return Resume.recorded()
+
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> ReadRecord:
+        return ReadRecord(context.offset, context.start, (saved or {}).get("offset"))
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """``{"inputs": n}``, or ``{"inputs": n, "start": m}`` with an ``"offset"`` (a
+        position in the shard, at least 0). A reader makes any number of samples of a shard,
+        so *m* is not bounded by what the position says."""
+        checked = check_inputs(record, where, None, total, {"offset"})
+        if "offset" in checked:
+            if not checked.get("start"):
+                msg = f"load_state_dict: {where} has an offset but no 'start' (samples read)"
+                raise ValueError(msg)
+            integer(checked["offset"], f"{where}['offset']")
+        return checked
+
+
+def _read(
+    parse: Parser,
+    name: str,
+    upstream: Iterable[Any],
+    context: Context,
+    record: ReadRecord | None,
+    offset: int | None,
+    config: dict[str, Any],
+) -> Iterator[Any]:
+    """The samples of every shard from *upstream*, the first from ``context.start`` (at
+    *offset*, when known); a shard that fails is a :class:`ShardReadError` in its place."""
+    config = {**config, "decoders": decoders(name, config.get("decode", False))}
+    storage = Storage(
+        config["storage_options"], config["block_size"], config["window"], config["retries"]
+    )
+    start, made = context.start, 0
+    try:
+        open_ahead = OPEN_AHEAD.get(parse, open_stream)
+        shards = _ahead(upstream, storage, offset, open_ahead, config)
+        for shard, opened in shards:
+            offsets = record.open(made, start) if record is not None else None
+            count = 0
+            try:
+                for sample, nxt in parse(shard, opened, start, offset, config):
+                    if offsets is not None:
+                        offsets.append(nxt)
+                    count += 1
+                    made += 1
+                    if sample.__class__ is Failure:  # a sample that failed to decode
+                        annotate(sample.error, name, context.epoch, index=sample.indices[0])
+                    yield sample
+            except ShardReadError as e:
+                count += 1
+                made += 1
+                yield Failure(e, [(shard.url, shard.start + start + count - 1)])
+            if record is not None:
+                record.close(count)
+            start, offset = 0, None
+    finally:
+        storage.close()
+
+
+class Opened:
+    """A shard as its parser gets it: :meth:`stream` gives its bytes from byte *at* (already
+    on their way, for a remote shard opened ahead); *storage* opens anything else (a Parquet
+    file's footer and row groups)."""
+
+    __slots__ = ("at", "early", "storage")
+
+    def __init__(self, storage: Storage, at: int, early: Any = None) -> None:
+        self.storage, self.at, self.early = storage, at, early
+
+    def stream(self, url: str) -> Stream:
+        """The shard's bytes from byte ``at`` (raises :class:`ShardReadError`)."""
+        early, self.early = self.early, None
+        if isinstance(early, BaseException):
+            raise early
+        return early if early is not None else self.storage.open(url, self.at)
+
+    def close(self) -> None:
+        """Release what was opened ahead and not read."""
+        early, self.early = self.early, None
+        if isinstance(early, Stream):
+            early.close()
+        elif hasattr(early, "cancel"):
+            early.cancel()
+
+
+def open_stream(storage: Storage, shard: Shard, at: int, config: dict[str, Any]) -> Any:
+    """Open a remote shard's byte stream ahead (its first blocks on their way); ``None``
+    for a local one (a buffered file needs no head start)."""
+    return None if is_local(shard.url) else storage.open(shard.url, at)
+
+
+#: How each format opens a shard ahead, by its parser (the byte stream formats by default).
+OPEN_AHEAD: dict[Any, Callable[..., Any]] = {}
+
+
+def _ahead(
+    upstream: Iterable[Any],
+    storage: Storage,
+    offset: int | None,
+    open_ahead: Callable[..., Any],
+    config: dict[str, Any],
+) -> Iterator[tuple[Shard, Opened]]:
+    """Each shard with its :class:`Opened`, the next ``prefetch`` shards opened ahead (the
+    first shard of a resumed pass from *offset*), so their bytes are on their way while one
+    is parsed."""
+    pending: deque[tuple[Shard, Opened]] = deque()
+    first, prefetch = True, config["prefetch"]
+    try:
+        for item in upstream:
+            shard = as_shard(item)
+            at = (offset or 0) if first else 0
+            first = False
+            opened = Opened(storage, at)
+            if prefetch:
+                try:
+                    opened.early = open_ahead(storage, shard, at, config)
+                except ShardReadError as e:
+                    opened.early = e
+            pending.append((shard, opened))
+            if len(pending) > prefetch:
+                yield pending.popleft()
+        while pending:
+            yield pending.popleft()
+    finally:
+        for _, opened in pending:
+            opened.close()

@@ -1,0 +1,355 @@
+"""pf.shards and the readers: every sample once per epoch across ranks and workers, the order
+a function of (seed, epoch), exact and cheap resume (in this process and in a new one),
+the rank balance policies, a buffer shuffle after the reader, failures that say what and
+where."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import pipeflow as pf
+from pipeflow.shards import split
+from tests._shards import ident, sample_id, write_shards
+
+KINDS = ["tar", "jsonl", "parquet"]
+try:
+    import pyarrow  # noqa: F401
+except ImportError:  # the stream extra is not installed
+    KINDS.remove("parquet")
+
+READERS = {"tar": pf.read_tar, "jsonl": pf.read_jsonl, "parquet": pf.read_parquet}
+
+
+def _everything(sizes: list[int]) -> list[str]:
+    return [sample_id(k, i) for k, n in enumerate(sizes) for i in range(n)]
+
+
+def _rank_loader(paths: list[str], kind: str, rank: int, world: int, workers: int, **kw: Any):
+    inner = pf.shards(paths, seed=5, rank=rank, world_size=world, **kw) | READERS[kind]()
+    if not workers:
+        return inner
+    return pf.parallel_source(inner, workers=workers, backend="thread")
+
+
+# -- the split ----------------------------------------------------------------------------------
+@given(st.integers(0, 30), st.integers(1, 5), st.randoms(use_true_random=False))
+def test_whole_shards_are_dealt_once_across_ranks(n: int, world: int, rng: Any) -> None:
+    order = list(range(n))
+    rng.shuffle(order)
+    dealt = [s for r in range(world) for s, _, _ in split(order, None, r, world, "shards")]
+    assert sorted(dealt) == list(range(n))
+
+
+@given(st.lists(st.integers(0, 6), max_size=8), st.integers(1, 4), st.sampled_from(["pad", "drop"]))
+@example([3, 3, 1], 2, "pad")
+@example([0, 0], 3, "pad")
+def test_balanced_ranks_read_equal_runs_of_the_epoch(
+    sizes: list[int], world: int, balance: str
+) -> None:
+    order = list(range(len(sizes)))
+    total = sum(sizes)
+    runs = [split(order, sizes, r, world, balance) for r in range(world)]
+    counts = [sum(b - a for _, a, b in run) for run in runs]
+    each = -(-total // world) if balance == "pad" else total // world
+    assert counts == [each] * world  # every rank the same number: no DDP hang
+    read = [(s, i) for run in runs for s, a, b in run for i in range(a, b)]
+    epoch = [(s, i) for s in order for i in range(sizes[s])]
+    if balance == "drop":  # the epoch's first samples, each once; the last few left out
+        assert read == epoch[: each * world]
+    else:  # each once, then the epoch's first ones again to fill the last run
+        assert read == (epoch * (world + 1))[: each * world]
+
+
+# -- every sample once, the order from (seed, epoch), exact resume ------------------------------
+@settings(max_examples=25)
+@given(
+    sizes=st.lists(st.integers(0, 5), min_size=0, max_size=6),
+    world=st.integers(1, 3),
+    workers=st.sampled_from([0, 1, 2]),
+    kind=st.sampled_from(KINDS),
+    step=st.integers(0, 40),
+    epoch=st.integers(0, 3),
+)
+@example(sizes=[0, 3, 0], world=2, workers=2, kind="tar", step=1, epoch=0)
+def test_every_sample_once_across_the_job_and_an_exact_resume(
+    tmp_path_factory: Any,
+    sizes: list[int],
+    world: int,
+    workers: int,
+    kind: str,
+    step: int,
+    epoch: int,
+) -> None:
+    folder = str(tmp_path_factory.mktemp("shards"))
+    paths = write_shards(folder, sizes, kind)
+    seen: list[str] = []
+    for rank in range(world):
+        loader = _rank_loader(paths, kind, rank, world, workers, balance="shards")
+        loader.set_epoch(epoch)
+        full = [ident(s) for s in loader]
+        again = _rank_loader(paths, kind, rank, world, workers, balance="shards")
+        again.set_epoch(epoch)
+        assert [ident(s) for s in again] == full  # a function of (seed, epoch) alone
+        seen += full
+        # interrupted after `step` samples, resumed by a fresh loader: exactly the rest
+        again.set_epoch(epoch)
+        it = iter(again)
+        head = [ident(s) for s in itertools.islice(it, min(step, len(full)))]
+        state = json.loads(json.dumps(again.state_dict()))
+        resumed = _rank_loader(paths, kind, rank, world, workers, balance="shards")
+        resumed.load_state_dict(state)
+        assert head + [ident(s) for s in resumed] == full
+    assert sorted(seen) == sorted(_everything(sizes))
+
+
+def test_the_order_changes_with_the_epoch_and_the_seed(tmp_path: Any) -> None:
+    paths = write_shards(str(tmp_path), [2] * 12)
+    orders = []
+    for seed, epoch in [(0, 0), (0, 1), (1, 0)]:
+        loader = pf.shards(paths, seed=seed) | pf.read_tar()
+        loader.set_epoch(epoch)
+        orders.append([s["__url__"] for s in loader][::2])
+    assert len({tuple(o) for o in orders}) == 3
+    assert all(sorted(o) == paths for o in orders)
+
+
+def test_balanced_ranks_with_workers_read_equal_counts(tmp_path: Any) -> None:
+    sizes = [5, 1, 0, 7, 3]
+    paths = write_shards(str(tmp_path), sizes)
+    per_rank = []
+    for rank in range(3):
+        loader = _rank_loader(paths, "tar", rank, 3, 2, sizes=sizes, balance="pad")
+        per_rank.append([ident(s) for s in loader])
+    assert [len(r) for r in per_rank] == [6, 6, 6]
+    counts = Counter(x for r in per_rank for x in r)
+    assert set(counts) == set(_everything(sizes))
+    assert sum(counts.values()) - len(counts) == 2  # 16 samples padded to 18
+
+
+def test_several_ranks_without_sizes_are_refused_unless_whole_shards(tmp_path: Any) -> None:
+    paths = write_shards(str(tmp_path), [1, 2])
+    with pytest.raises(ValueError, match="sizes="):
+        pf.shards(paths, rank=0, world_size=2)
+    loader = pf.shards(paths, rank=0, world_size=2, balance="shards")
+    assert len(list(loader)) == 1
+
+
+def test_a_state_from_another_world_size_is_refused(tmp_path: Any) -> None:
+    paths = write_shards(str(tmp_path), [2, 2, 2])
+    two = pf.shards(paths, seed=1, rank=0, world_size=2, balance="shards") | pf.read_tar()
+    it = iter(two)
+    next(it)
+    three = pf.shards(paths, seed=1, rank=0, world_size=3, balance="shards") | pf.read_tar()
+    with pytest.raises(ValueError, match=r"world_size=2 in the state|world_size=3"):
+        three.load_state_dict(two.state_dict())
+
+
+def test_patterns_expand_braces_and_globs(tmp_path: Any) -> None:
+    write_shards(str(tmp_path), [1, 1, 1])
+    braces = pf.shards(str(tmp_path / "shard-{0000..0002}.tar"), shuffle=False)
+    globbed = pf.shards(str(tmp_path / "*.tar"), shuffle=False)
+    assert [s.url for s in braces] == [s.url for s in globbed]
+    with pytest.raises(ValueError, match="no shard matches"):
+        pf.shards(str(tmp_path / "*.nothing"))
+    with pytest.raises(ValueError, match="listed twice"):
+        pf.shards(["a.tar", "a.tar"])
+    with pytest.raises(ValueError, match="one size per shard"):
+        pf.shards(["a.tar"], sizes=[1, 2])
+    with pytest.raises(ValueError, match="balance"):
+        pf.shards(["a.tar"], balance="even")
+    with pytest.raises(TypeError, match="prefetch"):
+        pf.read_tar(prefetch=1.5)
+
+
+# -- cheap resume ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_resume_reads_no_shard_that_was_done(tmp_path: Any, kind: str) -> None:
+    sizes = [4] * 6
+    paths = write_shards(str(tmp_path), sizes, kind)
+    loader = pf.shards(paths, seed=3) | READERS[kind]()
+    full = [ident(s) for s in loader]
+    loader.set_epoch(0)
+    it = iter(loader)
+    head = [ident(next(it)) for _ in range(14)]  # shards 0-2 done, the 4th open
+    state = loader.state_dict()
+    (record,) = state["stages"].values()
+    assert record["inputs"] == 3 and record["start"] == 2 and "offset" in record
+    done = {s["__url__"] for s in pf.shards(paths, seed=3) | READERS[kind]()} - {
+        s for s in paths if any(x.startswith(f"{paths.index(s)}-") for x in full[14:])
+    }
+    for path in done:
+        os.remove(path)  # a resumed pass must not open them
+    resumed = pf.shards(paths, seed=3) | READERS[kind]()
+    resumed.load_state_dict(state)
+    assert head + [ident(s) for s in resumed] == full
+
+
+def test_a_buffer_shuffle_after_the_reader_resumes_exactly_rereading_its_span(
+    tmp_path: Any,
+) -> None:
+    paths = write_shards(str(tmp_path), [25] * 40)  # 1,000 samples
+
+    def make() -> Any:
+        return pf.shards(paths, seed=2) | pf.read_tar() | pf.shuffle(seed=4, buffer_size=20)
+
+    loader = make()
+    full = [ident(s) for s in loader]
+    assert sorted(full) == sorted(_everything([25] * 40)) and full != sorted(full)
+    for step in (0, 1, 19, 20, 21, 500, 985, 999, 1000):
+        loader.set_epoch(0)
+        it = iter(loader)
+        head = [ident(next(it)) for _ in range(step)]
+        resumed = make()
+        resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+        resumed.reset_stats()
+        assert head + [ident(s) for s in resumed] == full, step
+        read = resumed.stats().stages[1].items  # what the reader made again
+        assert read - (1000 - step) <= 200, (step, read)  # the buffer's span, not the epoch
+
+
+def test_malformed_reader_and_buffer_records_are_refused_and_leave_the_loader(
+    tmp_path: Any,
+) -> None:
+    paths = write_shards(str(tmp_path), [5] * 4)
+
+    def make() -> Any:
+        return pf.shards(paths, seed=2) | pf.read_tar() | pf.shuffle(seed=4, buffer_size=3)
+
+    loader = make()
+    full = [ident(s) for s in loader]
+    loader.set_epoch(0)
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    good = loader.state_dict()
+    bad = [
+        ("0", {"inputs": -1}),
+        ("0", {"inputs": 1, "start": 2, "offset": "x"}),
+        ("0", {"inputs": 1, "offset": 512}),
+        ("0", {"inputs": 1, "what": 1}),
+        ("1", {"inputs": 9, "made": 7, "read": 10}),
+        ("1", {"inputs": 0, "made": 6, "read": 10}),
+        ("1", {"inputs": 0, "made": 7, "read": 2}),
+        ("1", "nope"),
+    ]
+    for key, record in bad:
+        state = json.loads(json.dumps(good))
+        state["stages"][key] = record
+        fresh = make()
+        with pytest.raises(ValueError, match=r"load_state_dict: state\['stages'\]"):
+            fresh.load_state_dict(state)
+        assert [ident(s) for s in fresh] == full  # left as it was
+
+
+# -- a kill, then a resume in a new process -------------------------------------------------------
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    sys.path.insert(0, {root!r})
+    import pipeflow as pf
+    from tests._shards import ident
+    paths = {paths!r}
+    inner = pf.shards(paths) | pf.read_tar() | pf.shuffle(buffer_size=8)
+    loader = pf.parallel_source(inner, workers=2, backend="process")
+    if sys.argv[1] == "run":
+        loader.set_epoch(1)
+        it = iter(loader)
+        for _ in range({step}):
+            print(json.dumps(ident(next(it))), flush=True)
+        print(json.dumps(loader.state_dict()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        loader.load_state_dict(json.loads(sys.stdin.read()))
+        for s in loader:
+            print(json.dumps(ident(s)), flush=True)
+        for s in loader:  # the next epoch too
+            print(json.dumps(ident(s)), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("step", [0, 9, 31])
+def test_killed_then_resumed_in_a_new_process(tmp_path: Any, step: int) -> None:
+    paths = write_shards(str(tmp_path), [6, 0, 9, 4, 7, 5])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "run.py"
+    script.write_text(_SCRIPT.format(root=root, paths=paths, step=step))
+    run = subprocess.run(
+        [sys.executable, str(script), "run"], capture_output=True, text=True, timeout=60
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == -9, run.stderr
+    head, state = [json.loads(x) for x in lines[:-1]], lines[-1]
+    rest = subprocess.run(
+        [sys.executable, str(script), "resume"],
+        input=state,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rest.returncode == 0, rest.stderr
+    tail = [json.loads(x) for x in rest.stdout.splitlines()]
+    seeds = json.loads(state)["seeds"]  # the drawn seeds travelled in the state
+    inner = pf.shards(paths, seed=seeds[0][1]) | pf.read_tar()
+    inner = inner | pf.shuffle(seed=seeds[1][1], buffer_size=8)
+    whole = pf.parallel_source(inner, workers=2, backend="thread", seed=seeds[2][1])
+    whole.set_epoch(1)
+    epoch1, epoch2 = [ident(s) for s in whole], [ident(s) for s in whole]
+    assert head + tail == epoch1 + epoch2
+
+
+# -- failures ---------------------------------------------------------------------------------------
+def test_a_sample_that_fails_to_decode_is_dropped_by_ignore_errors(tmp_path: Any) -> None:
+    path = str(tmp_path / "bad.jsonl")
+    with open(path, "w") as f:
+        f.write('{"id": "a"}\n{not json\n{"id": "c"}\n')
+    loader = pf.shards([path]) | pf.read_jsonl()
+    it = iter(loader)
+    assert next(it)["json"] == {"id": "a"}
+    with pytest.raises(ValueError) as info:
+        next(it)
+    assert "line 1 of shard" in " ".join(info.value.__notes__)
+    assert next(it)["json"] == {"id": "c"}  # the pass goes on
+    dropping = pf.shards([path]) | pf.read_jsonl() | pf.ignore_errors()
+    assert [s["json"]["id"] for s in dropping] == ["a", "c"]
+
+
+def test_a_missing_or_truncated_shard_is_an_error_never_dropped(tmp_path: Any) -> None:
+    paths = write_shards(str(tmp_path), [3, 3, 3])
+    with open(paths[1], "r+b") as f:
+        f.truncate(3072 + 100)  # inside the header of the second sample's second file
+    os.remove(paths[2])
+    loader = pf.shards(paths, shuffle=False) | pf.read_tar() | pf.ignore_errors()
+    out, errors = [], []
+    it = iter(loader)
+    while True:
+        try:
+            out.append(ident(next(it)))
+        except StopIteration:
+            break
+        except pf.ShardReadError as e:
+            errors.append(str(e))
+    assert out == ["0-0", "0-1", "0-2", "1-0"]  # nothing after a cut, nothing twice
+    assert "is truncated or malformed" in errors[0] and "at byte 3072" in errors[0]
+    assert "does not exist" in errors[1] and paths[2] in errors[1]
+
+
+def test_sizes_that_lie_are_an_error(tmp_path: Any) -> None:
+    paths = write_shards(str(tmp_path), [3, 2])
+    few = pf.shards(paths, sizes=[3, 3], shuffle=False) | pf.read_tar()
+    with pytest.raises(pf.ShardReadError, match="has 2 samples, and sizes= gives it 3"):
+        list(few)
+    many = pf.shards(paths, sizes=[2, 2], shuffle=False) | pf.read_tar()
+    with pytest.raises(pf.ShardReadError, match="more samples than the 2"):
+        list(many)
