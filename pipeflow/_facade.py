@@ -5,6 +5,7 @@ a sampler drawn at ``iter()``, and torch's words in worker errors."""
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, overload
 
@@ -198,19 +199,27 @@ class _Workers(Sequence[Any]):
 class _WorkerIter:
     """The iterator of a DataLoader with workers: pipeflow's pass, with torch's words added to
     the errors users grep their logs and write ``except`` filters for, and torch's
-    ``_workers``."""
+    ``_workers``.
 
-    __slots__ = ("_it", "_timeout", "_workers")
+    Threads may share it, as they may share torch's: one ``next()`` at a time runs the pass
+    (a lock per batch, nothing next to a batch's trip through a worker), so two threads
+    reading it get every batch once between them.
+    """
+
+    __slots__ = ("_it", "_lock", "_timeout", "_workers")
 
     def __init__(self, it: Iterator[Any], timeout: float, workers: _Workers) -> None:
         self._it = it
         self._timeout = timeout
         self._workers = workers
+        self._lock = threading.Lock()
 
     def __iter__(self) -> _WorkerIter:
         return self
 
     def __next__(self) -> Any:
+        lock = self._lock
+        lock.acquire()
         try:
             item = next(self._it)
             if self._workers._pool is None:
@@ -225,6 +234,8 @@ class _WorkerIter:
             elif isinstance(e, WorkerTimeoutError):
                 _torch_words(e, f"DataLoader timed out after {self._timeout} seconds")
             error = e
+        finally:
+            lock.release()
         try:
             raise error
         finally:  # the traceback keeps this frame: it must not keep the pass (and its
