@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, overload
 
@@ -104,7 +105,8 @@ class _Stream(_FromIterable):
 
 
 class _Primed:
-    """A sampler whose next ``iter()`` can be made to draw its first items ahead of use."""
+    """A sampler whose next ``iter()`` draws as torch's worker iterator draws: see
+    :class:`_PrimedIter`."""
 
     def __init__(self, sampler: Iterable[Any]) -> None:
         self.sampler = sampler
@@ -114,11 +116,14 @@ class _Primed:
         self.last = _PrimedIter(iter(self.sampler))
         return self.last
 
-    def prime(self, count: int) -> None:
-        """Draw *count* items of the pass just started now, as torch's iterator does."""
-        if self.last is not None:
-            self.last.prime(count)
-            self.last = None
+    def prime(self, ahead: int) -> _PrimedIter | None:
+        """Draw *ahead* items of the pass just started now, as torch's iterator does; the
+        pass's iterator, to :meth:`_PrimedIter.pace` as batches go out."""
+        last, self.last = self.last, None
+        if last is not None:
+            last.ahead_of_use = ahead
+            last.reach(ahead)
+        return last
 
     def __repr__(self) -> str:  # described as the sampler itself: states move across
         text = repr(self.sampler)  # worker counts (the wrapper is there with workers only)
@@ -135,26 +140,75 @@ def _primed(sampler: Iterable[Any]) -> _Primed:
 
 
 class _PrimedIter:
-    __slots__ = ("ahead", "it")
+    """A pass over the sampler that draws what torch's worker iterator would have drawn.
+
+    torch puts ``prefetch_factor * num_workers`` batches of indices out at ``iter()``, and one
+    more each time it hands a batch over (its ``_try_put_index``): when batch *k* goes out it
+    has asked the sampler for ``k + ahead`` of them. What a sampler draws from the loader's
+    ``generator`` depends on how far it was read (``RandomSampler`` draws a second permutation
+    when it is read to its end), so a pass that ends early (a ``break``) leaves the generator
+    where torch's would only if the sampler was read as far: :meth:`pace` reads it so far,
+    keeping what it read for the pass, which never reads further than torch (it keeps at
+    most ``ahead`` batches out, counting those not yet handed over).
+    """
+
+    __slots__ = ("ahead", "ahead_of_use", "done", "it", "lock", "taken")
 
     def __init__(self, it: Iterator[Any]) -> None:
         self.it = it
-        self.ahead: list[Any] = []
+        self.ahead: deque[Any] = deque()  # drawn, not yet taken by the pass
+        self.ahead_of_use = 0
+        self.taken = 0  # drawn from the sampler in all
+        self.done = False  # it ran out (or raised: the error waits in `ahead`)
+        self.lock = threading.Lock()  # a pin-memory thread may run the pass
 
-    def prime(self, count: int) -> None:
-        for _ in range(count):
-            try:
-                self.ahead.append(next(self.it))
-            except StopIteration:
-                return
+    def pace(self, delivered: int) -> None:
+        """*delivered* batches have gone out (or raised): read as far as torch has."""
+        self.reach(delivered + self.ahead_of_use)
+
+    def reach(self, count: int) -> None:
+        """Draw until *count* items were drawn in all (or the sampler ran out)."""
+        with self.lock:
+            while self.taken < count and not self.done:
+                try:
+                    self.ahead.append(next(self.it))
+                except StopIteration:
+                    self.done = True
+                except Exception as e:  # the pass raises it at its turn, not here
+                    self.ahead.append(_Raise(e))
+                    self.done = True
+                else:
+                    self.taken += 1
 
     def __iter__(self) -> _PrimedIter:
         return self
 
     def __next__(self) -> Any:
-        if self.ahead:
-            return self.ahead.pop(0)
-        return next(self.it)
+        with self.lock:
+            if self.ahead:
+                item = self.ahead.popleft()
+                if item.__class__ is _Raise:
+                    self.done = False  # as the sampler's own next() would, ask it again
+                    raise item.error
+                return item
+            if self.done:
+                raise StopIteration
+            try:
+                item = next(self.it)
+            except StopIteration:
+                self.done = True
+                raise
+            self.taken += 1
+            return item
+
+
+class _Raise:
+    """A sampler's error, drawn ahead of the pass: raised when the pass gets to it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 class _Workers(Sequence[Any]):
@@ -206,13 +260,21 @@ class _WorkerIter:
     reading it get every batch once between them.
     """
 
-    __slots__ = ("_it", "_lock", "_timeout", "_workers")
+    __slots__ = ("_delivered", "_it", "_lock", "_paced", "_timeout", "_workers")
 
-    def __init__(self, it: Iterator[Any], timeout: float, workers: _Workers) -> None:
+    def __init__(
+        self,
+        it: Iterator[Any],
+        timeout: float,
+        workers: _Workers,
+        paced: _PrimedIter | None = None,
+    ) -> None:
         self._it = it
         self._timeout = timeout
         self._workers = workers
         self._lock = threading.Lock()
+        self._paced = paced  # the pass's sampler, read as far as torch's iterator reads it
+        self._delivered = 0
 
     def __iter__(self) -> _WorkerIter:
         return self
@@ -224,10 +286,16 @@ class _WorkerIter:
             item = next(self._it)
             if self._workers._pool is None:
                 self._workers.find()
+            if self._paced is not None:
+                self._delivered += 1
+                self._paced.pace(self._delivered)
             return item
         except StopIteration:
             raise
         except BaseException as e:
+            if self._paced is not None:  # torch reads the sampler before it re-raises
+                self._delivered += 1
+                self._paced.pace(self._delivered)
             self._workers.find()  # a pass that failed at once ran on workers too
             if isinstance(e, WorkerDiedError):
                 _torch_words(e, _died_words(e))

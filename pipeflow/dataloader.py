@@ -252,11 +252,14 @@ class DataLoader(tud.DataLoader[T_co]):
                 from pipeflow._datapipes import share_seed
 
                 share_seed(self.dataset, self.generator, self)
+        paced = None
         if self._pf_primed is not None:
             # torch's worker iterator puts prefetch_factor * num_workers batches of indices
             # in its queues before iter() returns: the sampler's order is drawn there, after
-            # the base seed. Two live iterators (zip(dl, dl)) then see what torch's see.
-            self._pf_primed.prime(operator.index(self.prefetch_factor or 0) * self.num_workers)
+            # the base seed. Two live iterators (zip(dl, dl)) then see what torch's see; and
+            # the pass goes on reading the sampler as torch's does (see _PrimedIter).
+            ahead = operator.index(self.prefetch_factor or 0) * self.num_workers
+            paced = self._pf_primed.prime(ahead)
         if (
             self._dataset_kind == _DatasetKind.Iterable
             and self._IterableDataset_len_called is not None
@@ -264,7 +267,7 @@ class DataLoader(tud.DataLoader[T_co]):
             it = self._count_against_len(it, self._IterableDataset_len_called)
         if self.num_workers > 0:
             loader = self.pipeline()
-            return _WorkerIter(it, self.timeout, _Workers(loader.resources, loader.epoch))
+            return _WorkerIter(it, self.timeout, _Workers(loader.resources, loader.epoch), paced)
         return it
 
     def stats(self) -> Any:
