@@ -646,3 +646,71 @@ def test_an_iterable_epoch_that_ends_early_draws_as_torchs(
     theirs, their_state = _stop_after(tud.DataLoader, Counting(20), stop, **kwargs)
     assert ours == theirs
     assert torch.equal(ours_state, their_state)
+
+
+# -- issue 24, item 3: persistent spawn/forkserver workers share the dataset's shared tensors ----
+class EpochInSharedMemory(tud.Dataset):
+    """Each sample is the epoch the main process wrote into a shared-memory tensor."""
+
+    def __init__(self) -> None:
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.epoch)
+
+
+class ShuffledBySetEpoch(tud.IterableDataset):
+    """How a Hugging Face iterable dataset's ``shuffle(seed).set_epoch(e)`` reaches workers:
+    the epoch is a shared-memory tensor (``_maybe_share_with_torch_persistent_workers``)
+    that ``set_epoch`` updates in place, and each worker shuffles with ``seed + epoch``."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self._epoch = torch.tensor(0).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch += epoch - self._epoch
+
+    def __iter__(self):
+        order = torch.randperm(
+            self.n, generator=torch.Generator().manual_seed(self.seed + int(self._epoch))
+        )
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(order[start::step].tolist())
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_persistent_workers_see_the_main_process_write_shared_tensors(context: str) -> None:
+    got = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        ds = EpochInSharedMemory()
+        dl = cls(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                 multiprocessing_context=context)  # fmt: skip
+        epochs = []
+        for epoch in range(3):
+            ds.epoch.fill_(epoch)
+            epochs.append(list(dl))
+        got.append(epochs)
+        del dl
+    assert got[0] == got[1] == [[0, 0], [1, 1], [2, 2]]
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_set_epoch_reshuffles_persistent_spawned_workers(context: str) -> None:
+    firsts = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        ds = ShuffledBySetEpoch(16, seed=42)
+        dl = cls(ds, batch_size=4, num_workers=2, persistent_workers=True,
+                 multiprocessing_context=context)  # fmt: skip
+        epochs = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            epochs.append([b.tolist() for b in dl])
+        firsts.append(epochs)
+        del dl
+    assert firsts[0] == firsts[1]
+    assert len({str(e[0]) for e in firsts[0]}) == 3  # a new first batch every epoch

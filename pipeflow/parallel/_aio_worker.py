@@ -29,6 +29,7 @@ from typing import Any
 
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
+from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
 from pipeflow.parallel._wire import Encoded, Reply, Task, describe_item, remote_error
 from pipeflow.parallel._worker import (
@@ -213,8 +214,8 @@ class _Init:
 
     def __call__(self, worker_id: int) -> None:
         init = self.worker_init
-        if isinstance(init, bytes):
-            init = pickle.loads(init)
+        if isinstance(init, Pickled):
+            init = init.load()
         started = init(worker_id)
         if inspect.isawaitable(started):
             self.pending = started

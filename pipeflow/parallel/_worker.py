@@ -25,6 +25,7 @@ from pipeflow._random import seed_sequence_state
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
+from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
 from pipeflow.parallel._wire import (
     Encoded,
@@ -253,10 +254,10 @@ def start_process_worker(
     threading.Thread(target=_watch_parent, args=watch, daemon=True).start()
     job, worker_id, worker_init = spec.job, spec.worker_id, spec.worker_init
     try:
-        if isinstance(job, bytes):
-            job = pickle.loads(job)
-        if isinstance(worker_init, bytes):
-            worker_init = pickle.loads(worker_init)
+        if isinstance(job, Pickled):
+            job = job.load()
+        if isinstance(worker_init, Pickled):
+            worker_init = worker_init.load()
         if defer_torch and "torch" not in sys.modules:
             job.without_torch()
         seed = seed_worker(spec.base_seed, worker_id)
