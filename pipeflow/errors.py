@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "PipeflowError",
+    "SplitTwiceError",
     "StageStuckError",
     "WorkerDiedError",
     "WorkerError",
@@ -73,6 +74,14 @@ class StageStuckError(PipeflowError):
     the next stage (which does not take failures) to ask for an item: an iterator that raises
     on every ``next()`` would otherwise hold the pass forever. The pass ends after the failures
     it raised; :func:`pipeflow.ignore_errors` never drops this error."""
+
+
+class SplitTwiceError(PipeflowError):
+    """A stream that was split by worker already would be split by worker again, which would
+    keep a fraction of what each worker reads and lose the rest of the epoch: a source in a
+    :func:`~pipeflow.parallel_source` worker that splits itself (it read
+    ``get_worker_info().num_workers``) followed by :func:`~pipeflow.shard`. The message says
+    what to write instead; :func:`pipeflow.ignore_errors` never drops this error."""
 
 
 class _RemoteTraceback(Exception):
@@ -149,9 +158,9 @@ def annotate(
 
 
 def _worker_words() -> list[str]:
-    from pipeflow.worker_info import get_worker_info
+    from pipeflow.worker_info import current_info
 
-    info = get_worker_info()
+    info = current_info()
     if info is None:
         return []
     kind = "thread worker" if info.backend == "thread" else "worker"

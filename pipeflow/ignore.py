@@ -10,7 +10,7 @@ from pipeflow import _checks
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
-from pipeflow.errors import PipeflowError, StageStuckError, describe_indices
+from pipeflow.errors import PipeflowError, SplitTwiceError, StageStuckError, describe_indices
 from pipeflow.state import Drops, Resume
 
 if TYPE_CHECKING:
@@ -134,7 +134,8 @@ def _ignore(
             if (
                 item.__class__ is not Failure
                 or not isinstance(item.error, exceptions)
-                or isinstance(item.error, StageStuckError)  # never dropped: the pass ended
+                or isinstance(item.error, (StageStuckError, SplitTwiceError))  # never dropped:
+                # the pass ended, or it would have lost a share of the epoch
             ):
                 yielded += 1
                 yield item

@@ -276,9 +276,9 @@ class _Link(asyncio.Protocol):
                 self._finish()
                 return
             if not self.told_torch and "torch" in sys.modules:
-                from pipeflow.worker_info import get_worker_info
+                from pipeflow.worker_info import current_info
 
-                info = get_worker_info()
+                info = current_info()
                 self.told_torch = info is not None and _tell_torch(info)
             start, release = self.runner.start, self.writer.release
             for task in tasks:
