@@ -4,7 +4,9 @@ a sampler drawn at ``iter()``, and torch's words in worker errors."""
 
 from __future__ import annotations
 
+import numbers
 import signal
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
@@ -335,3 +337,42 @@ def _torch_words(e: BaseException, words: str) -> None:
     text = str(e)
     if not text.startswith("DataLoader "):
         e.args = (f"{words} ({text})",)
+
+
+# -- what torch accepts when built and no pass could run with ------------------------------------
+def check_settings(dl: Any) -> None:
+    """Refuse, when a DataLoader is built, the values torch's constructor lets through that no
+    pass could run with (torch fails on them at ``iter()``, in a worker, or not at all): the
+    message names torch's parameter. What torch refuses itself it has refused already, with
+    its own words; what torch runs with (``num_workers=True``, ``timeout=0``) passes."""
+    from pipeflow import _checks
+    from pipeflow.parallel._settings import MAX_WORKERS
+
+    workers = _whole(dl.num_workers, "num_workers", high=MAX_WORKERS)
+    if workers and dl.prefetch_factor is not None:
+        prefetch = _whole(dl.prefetch_factor, "prefetch_factor")
+        if prefetch * workers > sys.maxsize:
+            msg = (
+                "DataLoader: prefetch_factor * num_workers must be at most sys.maxsize (got "
+                f"prefetch_factor={prefetch}, num_workers={workers})"
+            )
+            raise ValueError(msg)
+    if dl.batch_size is not None:
+        _whole(dl.batch_size, "batch_size", high=sys.maxsize)
+    timeout = dl.timeout
+    if isinstance(timeout, numbers.Real) and not 0 <= float(timeout) <= threading.TIMEOUT_MAX:
+        msg = (  # torch refused a negative one already: this is inf (or past a wait), or NaN
+            f"DataLoader: timeout must be at most {threading.TIMEOUT_MAX:.0f} seconds (got "
+            f"{timeout!r}); pass 0 to wait forever"
+        )
+        raise ValueError(msg)
+    for name in ("collate_fn", "worker_init_fn"):
+        _checks.function("DataLoader", name, getattr(dl, name), optional=True)
+
+
+def _whole(value: Any, name: str, high: int | None = None) -> int:
+    from pipeflow import _checks
+
+    if isinstance(value, bool):  # torch runs with True as 1
+        return int(value)
+    return _checks.integer("DataLoader", name, value, low=0, high=high)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ def batch(size: int, *, drop_last: bool = False) -> Stage[T, list[T]]:
         ...
         ValueError: batch: size must be at least 1 (got 0)
     """
-    size = _checks.integer("batch", "size", size, low=1)
+    size = _checks.integer("batch", "size", size, low=1, high=sys.maxsize)
     _checks.boolean("batch", "drop_last", drop_last)
     config = {"size": size, "drop_last": drop_last}
     return Stage(_read, "batch", config, length=_batch_length, skip=_batch_skip, compute=_computed)

@@ -31,6 +31,7 @@ from pipeflow._facade import (
     _Stream,
     _WorkerIter,
     _Workers,
+    check_settings,
 )
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
@@ -123,6 +124,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_loader: Loader[Any] | None = None
         self._pf_primed: _Primed | None = None
         self._pf_stream: _Stream | None = None
+        check_settings(self)  # what torch's checks let through, that no pass could run with
 
     # -- the pipeline ----------------------------------------------------------------------
     def pipeline(self) -> Loader[Any]:
@@ -183,7 +185,7 @@ class DataLoader(tud.DataLoader[T_co]):
         return {
             "workers": num_workers,
             "backend": "process",
-            "ordered": bool(self.in_order),
+            "ordered": bool(self.in_order) if num_workers > 0 else True,  # torch reads it then only
             "max_in_flight": max(1, prefetch * num_workers),
             "mp_context": self.multiprocessing_context,
             "worker_init": worker_init,

@@ -10,7 +10,7 @@ import pickle
 import sys
 from typing import Any, NamedTuple
 
-__all__ = ["Freeze", "Pickled", "pickled", "prepared", "warm_source_cache"]
+__all__ = ["Freeze", "Pickled", "check_picklable", "pickled", "prepared", "warm_source_cache"]
 
 _WARMED: list[bool] = []
 
@@ -64,9 +64,12 @@ class _JobPickler(pickle.Pickler):
     Only the storage types are looked up in its table, as a type is in copyreg's: the rest of
     a job pickles as it would with ``pickle.dumps``."""
 
-    def __init__(self, file: Any, shared: list[Any]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, file: Any, shared: list[Any], *, probe: bool = False) -> None:
+        # A probe only tries: arrays' buffers stay out of its pickle, storages are left out.
+        skip = (lambda _: None) if probe else None
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=skip)
         self.shared = shared
+        self.probe = probe
         torch = sys.modules.get("torch")
         table = dict(copyreg.dispatch_table)
         if torch is not None:
@@ -75,6 +78,8 @@ class _JobPickler(pickle.Pickler):
         self.dispatch_table = table
 
     def _storage(self, storage: Any) -> Any:
+        if self.probe:  # a storage always pickles: leave its bytes out
+            return (_shared_storage, (0,))
         untyped = getattr(storage, "_untyped_storage", storage)  # a TypedStorage's own
         if untyped.device.type == "cpu" and untyped.is_shared():
             self.shared.append(storage)
@@ -108,6 +113,26 @@ def _pickled(obj: Any, what: str, method: str, name: str) -> Any:
         raise _unpicklable(what, method, name, e) from e
     except Exception as e:
         raise _unpicklable(what, method, name, e) from e
+
+
+def check_picklable(obj: Any, what: str, method: str, name: str) -> None:
+    """Refuse, now, an *obj* that a *method* worker could not be sent: a lambda, a local
+    function, an open file. Its structure is pickled to nowhere; the bytes of its arrays
+    and tensors are left out, so a large in-memory dataset costs little here."""
+    try:
+        _JobPickler(_Sink(), [], probe=True).dump(obj)
+    except RuntimeError as e:
+        if "through inheritance" not in str(e):
+            raise _unpicklable(what, method, name, e) from e
+    except Exception as e:
+        raise _unpicklable(what, method, name, e) from e
+
+
+class _Sink:
+    """A file that keeps nothing."""
+
+    def write(self, data: Any) -> int:
+        return len(memoryview(data))
 
 
 def _unpicklable(what: str, method: str, name: str, e: Exception) -> TypeError:

@@ -184,4 +184,5 @@ def parallel_map(
     )
     if is_coroutine_function(fn):
         config = dataclasses.replace(config, coroutines=True)
+    config.check_picklable("parallel_map", fn=fn)
     return ParallelMap(fn, config)

@@ -122,4 +122,5 @@ def parallel_source(
         seed=seed,
         round_robin=True,
     )
+    config.check_picklable("parallel_source", loader=loader)
     return Loader(_ParallelSource(loader, config))
