@@ -179,11 +179,11 @@ def _split_once(items: Iterable[T], worker: int, workers: int, step: int) -> Ite
 def _twice(worker: int, workers: int, step: int) -> str:
     return (
         f"shard: in parallel_source worker {worker} of {workers}, the source split its stream "
-        "by worker already (it read get_worker_info().num_workers), and shard would split it "
-        f"by worker again, keeping 1 item in {step} of each worker's share: the rest of the "
-        "epoch would be lost. Split once: let shard do it (the source reads everything, shard "
-        "keeps this rank's and this worker's share), or let the source split by rank too and "
-        "drop shard (WebDataset: nodesplitter=wds.split_by_node), or put pf.shard() after "
+        "by worker already (it read get_worker_info().num_workers), and shard would split "
+        f"what it kept again, into {step} shares (ranks x workers), losing the rest of the "
+        "epoch. Split once: let shard do it (the source reads everything, shard keeps this "
+        "rank's and this worker's share), or let the source split by rank too and drop shard "
+        "(WebDataset: nodesplitter=wds.split_by_node), or put pf.shard() after "
         "parallel_source(..., ordered=True), where it splits the workers' stream by rank only"
     )
 
