@@ -140,9 +140,9 @@ def parallel_map(
             workers' global random generators and the result must not depend on timing.
 
     Raises:
-        TypeError, ValueError: for a bad argument, when the stage is built. An *fn* that can't
-            be pickled for a spawn or forkserver pool raises ``TypeError`` before any worker
-            starts.
+        TypeError, ValueError: for a bad argument, when the stage is built. An *fn* (or
+            *worker_init*) that can't be pickled for a spawn or forkserver pool raises
+            ``TypeError`` then too.
 
     Examples:
         >>> import pipeflow as pf
