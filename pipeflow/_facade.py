@@ -376,3 +376,14 @@ def _whole(value: Any, name: str, high: int | None = None) -> int:
     if isinstance(value, bool):  # torch runs with True as 1
         return int(value)
     return _checks.integer("DataLoader", name, value, low=0, high=high)
+
+
+def in_order_flag(value: Any, workers: int) -> bool:
+    """``in_order`` as a bool. torch reads it only with workers: without, one that has no truth
+    value (a tensor of many elements) is ignored, as torch ignores it."""
+    try:
+        return bool(value)
+    except Exception:
+        if workers:
+            raise
+        return True

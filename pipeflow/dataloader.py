@@ -32,6 +32,7 @@ from pipeflow._facade import (
     _WorkerIter,
     _Workers,
     check_settings,
+    in_order_flag,
 )
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
@@ -185,7 +186,7 @@ class DataLoader(tud.DataLoader[T_co]):
         return {
             "workers": num_workers,
             "backend": "process",
-            "ordered": bool(self.in_order) if num_workers > 0 else True,  # torch reads it then only
+            "ordered": in_order_flag(self.in_order, num_workers),
             "max_in_flight": max(1, prefetch * num_workers),
             "mp_context": self.multiprocessing_context,
             "worker_init": worker_init,
