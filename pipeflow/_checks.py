@@ -35,7 +35,11 @@ def integer(
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         msg = f"{stage}: {name} must be an integer (got {value!r})"
         raise TypeError(msg)
-    number = int(value.__index__())
+    try:  # a float or many-element tensor, an array: they have __index__, and refuse it
+        number = int(value.__index__())
+    except Exception as e:
+        msg = f"{stage}: {name} must be an integer (got {_shown(value)}: {e})"
+        raise TypeError(msg) from None
     if low is not None and number < low:
         msg = f"{stage}: {name} must be at least {low} (got {number})"
         raise ValueError(msg)
@@ -85,6 +89,12 @@ def seconds(stage: str, name: str, value: Any) -> float | None:
     return float(value)
 
 
+def _shown(value: Any) -> str:
+    """*value*'s repr, cut short (a tensor's or an array's can be long)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 def function(stage: str, name: str, value: Any, *, optional: bool = False) -> Any:
     """*value*, which must be callable (or ``None`` when *optional*), and not a coroutine
     function (see :mod:`pipeflow._coroutines`)."""
@@ -99,8 +109,9 @@ def function(stage: str, name: str, value: Any, *, optional: bool = False) -> An
 
 
 def one_of(stage: str, name: str, value: Any, options: Sequence[Any]) -> Any:
-    """*value*, which must be one of *options*."""
-    if value not in options:
+    """*value*, which must be one of *options* (of their type: an array is not compared
+    element-wise)."""
+    if not any(isinstance(value, type(o)) and value == o for o in options):
         listed = " or ".join(repr(o) for o in options)
         msg = f"{stage}: {name} must be {listed} (got {value!r})"
         raise ValueError(msg)

@@ -63,9 +63,7 @@ def stage(
         ...
         TypeError: stage 'add': got an unexpected keyword argument 'amout'
     """
-    if positional and length != "same":
-        msg = f"@stage: positional=True needs length='same' (got length={length!r})"
-        raise ValueError(msg)
+    _check_options(name, length, positional)
     if fn is None:
         return functools.partial(_make_factory, name=name, length=length, positional=positional)
     return _make_factory(fn, name=name, length=length, positional=positional)
@@ -138,9 +136,13 @@ def _check_options(name: str | None, length: LengthRule, positional: bool) -> No
         msg = f"@stage: name must be a string or None (got {name!r})"
         raise TypeError(msg)
     _checks.boolean("@stage", "positional", positional)
-    if length is not None and length != "same" and not callable(length):
+    same = isinstance(length, str) and length == "same"
+    if length is not None and not same and not callable(length):
         msg = f"@stage: length must be 'same', a function or None (got {length!r})"
         raise TypeError(msg)
+    if positional and not same:
+        msg = f"@stage: positional=True needs length='same' (got length={length!r})"
+        raise ValueError(msg)
 
 
 def _flatten(bound: inspect.BoundArguments) -> dict[str, Any]:

@@ -46,15 +46,16 @@ class Positions:
         seed: the full shuffle's seed, or ``None`` (in order).
         generator: the shuffle's generator: ``"numpy"`` (a keyed bijection, O(1) per
             position) or ``"torch"`` (``torch.randperm``, as ``DistributedSampler`` draws).
-        share: for a ``shard``, a function that returns ``(rank, world_size)`` when the pass
-            starts; ``None`` keeps every position.
+        share: for a ``shard``, a function that returns ``(rank, world_size, worker,
+            workers)`` when the pass starts (a rank's share is split again between the
+            ``workers`` of a ``parallel_source``, unpadded); ``None`` keeps every position.
         drop_last: the shard drops its incomplete last round (else pads it from the start).
     """
 
     n: int
     seed: int | None = None
     generator: str = "numpy"
-    share: Callable[[], tuple[int, int]] | None = None
+    share: Callable[[], tuple[int, int, int, int]] | None = None
     drop_last: bool = False
 
     def shuffled(self, seed: int, generator: str) -> Positions | None:
@@ -63,7 +64,9 @@ class Positions:
             return None
         return replace(self, seed=seed, generator=generator)
 
-    def sharded(self, share: Callable[[], tuple[int, int]], drop_last: bool) -> Positions | None:
+    def sharded(
+        self, share: Callable[[], tuple[int, int, int, int]], drop_last: bool
+    ) -> Positions | None:
         """One rank's share of the positions (``None`` when already sharded)."""
         if self.share is not None:
             return None
@@ -74,9 +77,10 @@ class Positions:
         Positions from ``n`` on wrap around (a shard's padding)."""
         if self.share is None:
             return min(start, self.n), self.n, 1
-        r, w = self.share()
-        count = self.n // w if self.drop_last else -(-self.n // w)
-        return min(r + start * w, r + count * w), r + count * w, w
+        r, w, k, m = self.share()  # rank r of w; worker k of the m that split its share
+        count = self.n // w if self.drop_last else -(-self.n // w)  # the rank's, padded
+        first, stop, step = r + k * w, r + count * w, w * m
+        return min(first + start * step, stop), stop, step
 
     def items(self, epoch: int, start: int) -> Iterator[int]:
         """The indices from item *start* of the pass on (a plain ``range`` iterator when in

@@ -96,7 +96,11 @@ def check_seed(stage: str, seed: object) -> int:
     if isinstance(seed, bool) or not isinstance(seed, SupportsIndex):
         msg = f"{stage}: seed must be an integer or None (got {seed!r})"
         raise TypeError(msg)
-    value = seed.__index__()
+    try:  # a float or many-element tensor, an array: they have __index__, and refuse it
+        value = seed.__index__()
+    except Exception as e:
+        msg = f"{stage}: seed must be an integer or None (got {type(seed).__name__}: {e})"
+        raise TypeError(msg) from None
     if not 0 <= value <= _MAX_SEED:
         msg = f"{stage}: seed must be between 0 and 2**64 - 1 (got {seed!r})"
         raise ValueError(msg)

@@ -294,6 +294,11 @@ class Pass:
                 self.progress.done = True
                 self.close()
             raise
+        except ValueError as e:
+            if _SHARED in str(e):  # another thread is in next(): refuse this call, keep the pass
+                raise _shared_error() from None
+            self.close()
+            raise
         except BaseException:
             self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
             raise
@@ -325,6 +330,22 @@ class Pass:
 
 
 _RAISED = RuntimeError("this failure was raised in the consumer already")
+
+#: What Python says when a generator is asked for an item while it is making one: here, a
+#: ``next()`` while another thread's ``next()`` on the same pass runs (a stage's own errors
+#: reach the pass as failures, never as exceptions, so this one is the consumer's).
+_SHARED = "generator already executing"
+
+
+def _shared_error() -> RuntimeError:
+    msg = (
+        "pipeflow: next() was called on a pass while another next() on it was running (two "
+        "threads reading one iterator); a pass hands its items to one reader at a time. "
+        "Nothing was taken and the pass goes on: retry, guard next() with a lock, or give each "
+        "thread its own loader (pf.shard splits an epoch between them). pf.DataLoader with "
+        "workers may be shared, as torch's"
+    )
+    return RuntimeError(msg)
 
 
 def _ended() -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -77,7 +78,7 @@ def batch(
     if size is None:
         msg = "batch: pass size (items per batch), or max_tokens= and length="
         raise TypeError(msg)
-    size = _checks.integer("batch", "size", size, low=1)
+    size = _checks.integer("batch", "size", size, low=1, high=sys.maxsize)
     _checks.boolean("batch", "drop_last", drop_last)
     config = {"size": size, "drop_last": drop_last}
     return Stage(_read, "batch", config, length=_batch_length, skip=_batch_skip, compute=_computed)

@@ -30,6 +30,8 @@ from pipeflow._facade import (
     _Stream,
     _WorkerIter,
     _Workers,
+    check_settings,
+    in_order_flag,
 )
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
@@ -123,6 +125,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_loader: Loader[Any] | None = None
         self._pf_sampled: _Sampled | None = None
         self._pf_stream: _Stream | None = None
+        check_settings(self)  # what torch's checks let through, that no pass could run with
 
     # -- the pipeline ----------------------------------------------------------------------
     def pipeline(self) -> Loader[Any]:
@@ -183,7 +186,7 @@ class DataLoader(tud.DataLoader[T_co]):
         return {
             "workers": num_workers,
             "backend": "process",
-            "ordered": bool(self.in_order),
+            "ordered": in_order_flag(self.in_order, num_workers),
             "max_in_flight": max(1, prefetch * num_workers),
             "mp_context": self.multiprocessing_context,
             "worker_init": worker_init,
@@ -255,13 +258,15 @@ class DataLoader(tud.DataLoader[T_co]):
                 from pipeflow._datapipes import share_seed
 
                 share_seed(self.dataset, self.generator, self)
+        paced = None
         if self._pf_sampled is not None and self.num_workers > 0:
             # torch's worker iterator puts prefetch_factor * num_workers batches of indices
             # in its queues before iter() returns: the sampler's order is drawn there, after
-            # the base seed. Two live iterators (zip(dl, dl)) then see what torch's see.
-            batches = operator.index(self.prefetch_factor or 0) * self.num_workers
-            per_batch = self.batch_size if type(self.batch_sampler) is tud.BatchSampler else 1
-            self._pf_sampled.prime(batches * (per_batch or 1))
+            # the base seed. Two live iterators (zip(dl, dl)) then see what torch's see; and
+            # the pass goes on reading the sampler as torch's does (see _PrimedIter).
+            ahead = operator.index(self.prefetch_factor or 0) * self.num_workers
+            per = self.batch_size if type(self.batch_sampler) is tud.BatchSampler else 1
+            paced = self._pf_sampled.prime(ahead, per or 1)
         if (
             self._dataset_kind == _DatasetKind.Iterable
             and self._IterableDataset_len_called is not None
@@ -269,7 +274,7 @@ class DataLoader(tud.DataLoader[T_co]):
             it = self._count_against_len(it, self._IterableDataset_len_called)
         if self.num_workers > 0:
             loader = self.pipeline()
-            return _WorkerIter(it, self.timeout, _Workers(loader.resources, loader.epoch))
+            return _WorkerIter(it, self.timeout, _Workers(loader.resources, loader.epoch), paced)
         return it
 
     def stats(self) -> Any:

@@ -209,7 +209,7 @@ def to_device(device: Any, *, non_blocking: bool = True) -> Stage[T, T]:
 
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as e:  # a huge index: Value
         msg = f"to_device: device must be a torch device or its name (got {device!r})"
         raise ValueError(msg) from e
     _checks.boolean("to_device", "non_blocking", non_blocking)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -12,7 +13,8 @@ from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._plan import Positions
 from pipeflow._stage import Stage
-from pipeflow.worker_info import get_worker_info, in_replica
+from pipeflow.errors import SplitTwiceError
+from pipeflow.worker_info import current_info, in_replica, split_reads
 
 __all__ = ["rank_and_world_size", "shard"]
 
@@ -63,7 +65,11 @@ def shard(
     from the same generators for a sample whatever the world size.
 
     Inside :func:`~pipeflow.parallel_source`, each worker of each rank takes its own share:
-    the stream is split over ``world_size * num_workers`` readers, with no duplicates.
+    the stream is split over ``world_size * num_workers`` readers, with no duplicates. The
+    source before it must then read everything: one that splits itself by worker (it reads
+    ``get_worker_info().num_workers``, pipeflow's or torch's, as a WebDataset does) would be
+    split twice, so the shard raises :class:`~pipeflow.errors.SplitTwiceError` at its first
+    item, saying what to write instead.
 
     Args:
         rank: this rank; ``None`` asks ``torch.distributed`` (when initialised), else the
@@ -74,6 +80,7 @@ def shard(
 
     Raises:
         TypeError, ValueError: for a rank or world size that is not an integer in range.
+        SplitTwiceError: in a ``parallel_source`` worker, after a source that split itself.
 
     Examples:
         >>> import pipeflow as pf
@@ -104,15 +111,16 @@ class _Shard(Stage[T, T]):
             return None
         rank, world_size = self._config["rank"], self._config["world_size"]
         return upstream.sharded(
-            functools.partial(_resolve, rank, world_size), self._config["drop_last"]
+            functools.partial(_shares, rank, world_size), self._config["drop_last"]
         )
 
     def context_after(self, context: Context) -> Context:
         """Publish ``facts["shard"] = (first, step)``: output ``j`` of this stage is item
         ``first + j * step`` of the epoch before any shard (composed with an earlier one)."""
-        r, w = _resolve(self._config["rank"], self._config["world_size"])
+        r, w, k, m = _shares(self._config["rank"], self._config["world_size"])
         first, step = context.facts.get("shard", (0, 1))
-        return replace(context, facts={**context.facts, "shard": (first + step * r, step * w)})
+        mine = (first + step * (r + k * w), step * w * m)
+        return replace(context, facts={**context.facts, "shard": mine})
 
 
 def _resolve(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -122,15 +130,25 @@ def _resolve(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= r < w:
         msg = f"shard: rank {r} is not below world_size {w}"
         raise ValueError(msg)
-    info = get_worker_info()
-    if info is not None and in_replica():  # a parallel_source replica: ranks x workers
-        return r * info.num_workers + info.id, w * info.num_workers
     return r, w
 
 
+def _shares(rank: int | None, world_size: int | None) -> tuple[int, int, int, int]:
+    """``(rank, world_size, worker, workers)``: in a ``parallel_source`` worker, the rank's
+    share is split again between its workers (worker *k* of *m* keeps the rank's items
+    ``k, k + m, ...``, so that the workers interleaved round-robin give the rank's share in
+    its order); elsewhere ``worker, workers`` are ``0, 1``."""
+    r, w = _resolve(rank, world_size)
+    info = current_info()
+    if info is not None and in_replica():
+        return r, w, info.id, info.num_workers
+    return r, w, 0, 1
+
+
 def _shard_length(n: int, rank: int | None, world_size: int | None, drop_last: bool) -> int:
-    _, w = _resolve(rank, world_size)
-    return n // w if drop_last else -(-n // w)
+    _, w, k, m = _shares(rank, world_size)
+    count = n // w if drop_last else -(-n // w)
+    return len(range(k, count, m))
 
 
 def _shard(
@@ -139,8 +157,35 @@ def _shard(
     world_size: int | None,
     drop_last: bool,
 ) -> Iterator[Any]:
-    r, w = _resolve(rank, world_size)
-    return _stream(items, r, w, drop_last)
+    r, w, k, m = _shares(rank, world_size)
+    if m == 1 and not in_replica():
+        return _stream(items, r, w, drop_last)
+    # A parallel_source worker: the rank's share (padded as the rank's), this worker's of it.
+    return itertools.islice(_stream(_split_once(items, k, m, w * m), r, w, drop_last), k, None, m)
+
+
+def _split_once(items: Iterable[T], worker: int, workers: int, step: int) -> Iterator[T]:
+    """*items*, unless the source before this shard split its stream by worker already: it
+    read ``num_workers`` (from pipeflow's ``get_worker_info()`` or torch's) between the start
+    of this worker's pass and its first item."""
+    it = iter(items)
+    for first in it:
+        if split_reads():
+            raise SplitTwiceError(_twice(worker, workers, step))
+        yield first
+        yield from it
+
+
+def _twice(worker: int, workers: int, step: int) -> str:
+    return (
+        f"shard: in parallel_source worker {worker} of {workers}, the source split its stream "
+        "by worker already (it read get_worker_info().num_workers), and shard would split "
+        f"what it kept again, into {step} shares (ranks x workers), losing the rest of the "
+        "epoch. Split once: let shard do it (the source reads everything, shard keeps this "
+        "rank's and this worker's share), or let the source split by rank too and drop shard "
+        "(WebDataset: nodesplitter=wds.split_by_node), or put pf.shard() after "
+        "parallel_source(..., ordered=True), where it splits the workers' stream by rank only"
+    )
 
 
 def _stream(items: Iterable[T], r: int, w: int, drop_last: bool) -> Iterator[T]:

@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "PipeflowError",
     "ShardReadError",
+    "SplitTwiceError",
     "StageStuckError",
     "WorkerDiedError",
     "WorkerError",
@@ -84,6 +85,14 @@ class ShardReadError(PipeflowError):
     shard; :func:`~pipeflow.ignore_errors` never drops it (a shard's samples are not one bad
     sample), so the epoch is never silently short.
     """
+
+
+class SplitTwiceError(PipeflowError):
+    """A stream that was split by worker already would be split by worker again, which would
+    keep a fraction of what each worker reads and lose the rest of the epoch: a source in a
+    :func:`~pipeflow.parallel_source` worker that splits itself (it read
+    ``get_worker_info().num_workers``) followed by :func:`~pipeflow.shard`. The message says
+    what to write instead; :func:`pipeflow.ignore_errors` never drops this error."""
 
 
 class _RemoteTraceback(Exception):
@@ -160,9 +169,9 @@ def annotate(
 
 
 def _worker_words() -> list[str]:
-    from pipeflow.worker_info import get_worker_info
+    from pipeflow.worker_info import current_info
 
-    info = get_worker_info()
+    info = current_info()
     if info is None:
         return []
     kind = "thread worker" if info.backend == "thread" else "worker"

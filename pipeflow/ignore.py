@@ -10,7 +10,13 @@ from pipeflow import _checks
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
-from pipeflow.errors import PipeflowError, ShardReadError, StageStuckError, describe_indices
+from pipeflow.errors import (
+    PipeflowError,
+    ShardReadError,
+    SplitTwiceError,
+    StageStuckError,
+    describe_indices,
+)
 from pipeflow.state import Drops, Resume
 
 if TYPE_CHECKING:
@@ -140,8 +146,9 @@ def _ignore(
             if (
                 item.__class__ is not Failure
                 or not isinstance(item.error, exceptions)
-                or isinstance(item.error, (StageStuckError, ShardReadError))  # never dropped:
-                # the pass ended, or a whole shard's samples would go
+                or isinstance(item.error, (StageStuckError, ShardReadError, SplitTwiceError))
+                # never dropped: the pass ended, a whole shard's samples would go, or it
+                # would have lost a share of the epoch
             ):
                 yielded += 1
                 yield item

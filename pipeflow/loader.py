@@ -71,10 +71,13 @@ class Loader(Generic[Out]):
 
     def __init__(self, source: Source[Any], stages: tuple[Stage[Any, Any], ...] = ()) -> None:
         if not isinstance(source, Source):
-            msg = f"a loader starts with a pipeflow source (got {type(source).__name__})"
+            msg = (
+                f"Loader: source must be a pipeflow source (got {type(source).__name__}); "
+                "start from pf.indices, pf.from_iterable or pf.from_sampler"
+            )
             raise TypeError(msg)
         self._source = source
-        self._stages = tuple(s for st in stages for s in st.stages)
+        self._stages = _flat_stages(stages)
         self._next_epoch = 0
         self._next: dict[str, Any] = {}  # where the next pass starts, when resuming
         self._epoch: int | None = None
@@ -357,3 +360,16 @@ def _close_resources(resources: dict[int, dict[Any, Any]]) -> None:
         for thing in list(kept.values()):
             thing.close()
         kept.clear()
+
+
+def _flat_stages(stages: Any) -> tuple[Stage[Any, Any], ...]:
+    """*stages* (a tuple or list of stages, each maybe a pipeline of them), flattened."""
+    if not isinstance(stages, (tuple, list)) or not all(isinstance(s, Stage) for s in stages):
+        shown = (
+            type(stages).__name__
+            if not isinstance(stages, (tuple, list))
+            else (", ".join(type(s).__name__ for s in stages if not isinstance(s, Stage)))
+        )
+        msg = f"Loader: stages must be a tuple of pipeflow stages (got {shown})"
+        raise TypeError(msg)
+    return tuple(s for st in stages for s in st.stages)

@@ -60,9 +60,7 @@ def shuffle(
         True
     """
     seed = fresh_seed() if seed is None else check_seed("shuffle", seed)
-    if generator not in ("numpy", "torch"):
-        msg = f"shuffle: generator must be 'numpy' or 'torch' (got {generator!r})"
-        raise ValueError(msg)
+    _checks.one_of("shuffle", "generator", generator, ("numpy", "torch"))
     if generator == "torch":
         if buffer_size is not None:
             msg = "shuffle: generator='torch' draws full permutations; drop buffer_size"

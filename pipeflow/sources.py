@@ -65,27 +65,39 @@ def indices(n_or_sized: int | Sized) -> Loader[int]:
         >>> pf.indices(-1)
         Traceback (most recent call last):
         ...
-        ValueError: indices: n must be at least 0 (got -1)
+        ValueError: indices: n_or_sized must be at least 0 (got -1)
     """
+    return Loader(_Indices(_count("indices", n_or_sized)))
+
+
+def _count(stage: str, n_or_sized: Any) -> int:
+    """*n_or_sized* as a number of indices: the length of a sized object (a dataset, an array,
+    a tensor), or an integer (numpy's, a 0-d integer tensor's)."""
+    what = f"{stage}: n_or_sized must be an integer or a sized dataset"
     if isinstance(n_or_sized, bool):
-        msg = f"indices: n must be an integer or a sized dataset (got {n_or_sized!r})"
-        raise TypeError(msg)
-    if isinstance(n_or_sized, int):
-        n = n_or_sized
-    elif isinstance(n_or_sized, Sized):
-        n = len(n_or_sized)
-    elif hasattr(n_or_sized, "__index__"):
-        n = int(n_or_sized.__index__())
-    else:
-        msg = (
-            "indices: n must be an integer or a sized dataset "
-            f"(got {type(n_or_sized).__name__}); use from_iterable() for a stream"
-        )
+        raise TypeError(f"{what} (got {n_or_sized!r})")
+    n = _length_or_index(n_or_sized)
+    if n is None:
+        msg = f"{what} (got {type(n_or_sized).__name__}); use from_iterable() for a stream"
         raise TypeError(msg)
     if n < 0:
-        msg = f"indices: n must be at least 0 (got {n})"
+        msg = f"{stage}: n_or_sized must be at least 0 (got {n})"
         raise ValueError(msg)
-    return Loader(_Indices(n))
+    return n
+
+
+def _length_or_index(value: Any) -> int | None:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Sized):
+        try:
+            return len(value)
+        except TypeError:  # a 0-d tensor or array: it has a length method, and no length
+            pass
+    try:
+        return int(value.__index__()) if hasattr(type(value), "__index__") else None
+    except Exception:  # a float tensor, an array of many elements
+        return None
 
 
 class _Restoring(Source[Any]):
@@ -193,8 +205,20 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
             f"({type(sampler).__name__}); pass the sampler itself, not iter(sampler)"
         )
         raise TypeError(msg)
+    _sized_or_not("from_sampler", "sampler", sampler)
     _checks.boolean("from_sampler", "set_epoch", set_epoch)
     return Loader(_FromSampler(sampler, set_epoch))
+
+
+def _sized_or_not(stage: str, name: str, value: Any) -> None:
+    """Refuse an object whose ``len()`` the pass would ask and that has none to give (a 0-d
+    tensor: it has ``__len__``, which raises), now rather than at the first ``next()``."""
+    if isinstance(value, Sized):
+        try:
+            len(value)
+        except TypeError as e:
+            msg = f"{stage}: {name} must be iterable (got {type(value).__name__}: {e})"
+            raise TypeError(msg) from None
 
 
 class _FromIterable(_Restoring):
@@ -247,7 +271,11 @@ def from_iterable(iterable: Iterable[T]) -> Loader[T]:
         ...
         pipeflow.errors.PipeflowError: from_iterable: the source is a one-shot iterator ...
     """
-    if not isinstance(iterable, Iterable) and not hasattr(iterable, "__getitem__"):
-        msg = f"from_iterable: expected an iterable (got {type(iterable).__name__})"
-        raise TypeError(msg)
+    if not isinstance(iterable, Iterable):
+        try:  # the sequence protocol (__getitem__ from 0): iter() calls none of it yet
+            iter(iterable)
+        except TypeError:
+            msg = f"from_iterable: iterable must be iterable (got {type(iterable).__name__})"
+            raise TypeError(msg) from None
+    _sized_or_not("from_iterable", "iterable", iterable)
     return Loader(_FromIterable(iterable))

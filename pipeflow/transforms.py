@@ -95,9 +95,7 @@ def random_map(
     from pipeflow._random import check_seed, fresh_seed
 
     _checks.function("random_map", "fn", fn)
-    if generator not in ("numpy", "torch"):
-        msg = f"random_map: generator must be 'numpy' or 'torch' (got {generator!r})"
-        raise ValueError(msg)
+    _checks.one_of("random_map", "generator", generator, ("numpy", "torch"))
     seed = fresh_seed() if seed is None else check_seed("random_map", seed)
     config = {"fn": fn, "seed": seed, "generator": generator}
     return Stage(_random_map, "random_map", config, length="same", skip="same")

@@ -44,12 +44,65 @@ _thread_info = threading.local()
 def get_worker_info() -> WorkerInfo | None:
     """The :class:`WorkerInfo` of the worker this code runs in, or ``None`` outside workers.
 
+    In a :func:`~pipeflow.parallel_source` worker, reading ``num_workers`` from it tells
+    pipeflow that the code splits its stream by worker itself: a :func:`~pipeflow.shard`
+    after it in the same worker then refuses to split it by worker a second time (see
+    :class:`~pipeflow.errors.SplitTwiceError`).
+
     Examples:
         >>> get_worker_info() is None
         True
     """
+    info = current_info()
+    if info is not None and in_replica():
+        return _watched(info)
+    return info
+
+
+def current_info() -> WorkerInfo | None:
+    """The worker's info, for pipeflow's own code (its reads say nothing about splitting)."""
     info: WorkerInfo | None = getattr(_thread_info, "info", None)
     return info if info is not None else _process_info
+
+
+class _Watched(WorkerInfo):
+    """A replica's :class:`WorkerInfo` as user code gets it: reading ``num_workers`` counts as
+    a split by worker (see :func:`split_reads`)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "num_workers":
+            note_split_read()
+        return super().__getattribute__(name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkerInfo) and _fields(self) == _fields(other)
+
+    def __hash__(self) -> int:
+        return hash(_fields(self))
+
+
+def _fields(info: WorkerInfo) -> tuple[Any, ...]:
+    get = object.__getattribute__
+    return tuple(get(info, f) for f in ("id", "num_workers", "seed", "dataset", "backend", "pid"))
+
+
+def _watched(info: WorkerInfo) -> WorkerInfo:
+    cached = getattr(_thread_info, "watched", None)
+    if cached is None or cached[0] is not info:
+        cached = (info, _Watched(*_fields(info)))
+        _thread_info.watched = cached
+    return cached[1]
+
+
+def note_split_read() -> None:
+    """User code in this thread read how many workers there are: it may split by worker."""
+    _thread_info.reads = getattr(_thread_info, "reads", 0) + 1
+
+
+def split_reads() -> int:
+    """How often user code in this thread read ``num_workers`` since its replica's pass began
+    (pipeflow's own ``get_worker_info()`` and, in process workers, torch's)."""
+    return int(getattr(_thread_info, "reads", 0))
 
 
 def set_process_worker_info(info: WorkerInfo) -> None:
@@ -78,3 +131,8 @@ def set_replica(flag: bool, *, thread: bool) -> None:
         _thread_info.replica = flag
     else:
         _process_replica = flag
+
+
+def begin_replica_pass() -> None:
+    """A replica's pass begins in this thread: no ``num_workers`` read yet."""
+    _thread_info.reads = 0

@@ -343,8 +343,8 @@ def gen(items: Iterable[Any]) -> Iterator[Any]:
 #: (factory, call, the exception the conventions ask for, the parameter the message must name).
 #: A wrong kind of value is a TypeError, a value out of range a ValueError (STYLE.md).
 BAD = [
-    ("indices", lambda: pf.indices(-1), ValueError, "n"),
-    ("indices", lambda: pf.indices(1.5), TypeError, "n"),
+    ("indices", lambda: pf.indices(-1), ValueError, "n_or_sized"),
+    ("indices", lambda: pf.indices(1.5), TypeError, "n_or_sized"),
     ("from_iterable", lambda: pf.from_iterable(3), TypeError, "iterable"),
     ("from_sampler", lambda: pf.from_sampler(3), TypeError, "sampler"),
     ("from_sampler", lambda: pf.from_sampler(iter([1])), TypeError, "sampler"),

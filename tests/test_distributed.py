@@ -88,8 +88,10 @@ def test_iterable_sources_split_over_ranks_and_workers_without_duplicates(backen
         loader = pf.parallel_source(replica, workers=3, backend=backend)
         shards.append(list(loader))
     flat = [i for s in shards for i in s]
-    assert len(flat) == len(set(flat)) == 48  # 50 over 2 ranks x 3 workers, tail dropped
+    assert sorted(flat) == list(range(50))  # 25 a rank: no round is incomplete, none dropped
     assert len(shards[0]) == len(shards[1])
+    for rank, got in enumerate(shards):  # a rank's items, in its order, whatever the workers
+        assert got == list(pf.from_iterable(Stream(50)) | pf.shard(rank, 2, drop_last=True))
 
 
 def test_resume_stays_exact_per_rank() -> None:
@@ -182,3 +184,83 @@ def test_shard_after_shuffle_golden() -> None:
     order = list(pf.indices(13) | pf.shuffle(seed=5))
     assert list(pf.indices(13) | pf.shuffle(seed=5) | pf.shard(2, 4)) == [0, 4, 10, 12]
     assert [order[p % 13] for p in (2, 6, 10, 14)] == [0, 4, 10, 12]
+
+
+# -- issue 24, item 2: a stream is split by worker once, or the pass says why it can't be ---------
+class SplitsItself:
+    """Splits itself by pipeflow's get_worker_info, as parallel_source's docstring shows."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = pf.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+class TarShards(tud.IterableDataset):
+    """A WebDataset-style stream: shards (lists of samples) split by worker with torch's
+    get_worker_info (webdataset's split_by_worker), then every sample of each shard."""
+
+    def __init__(self, shards: int, per_shard: int) -> None:
+        self.shards, self.per_shard = shards, per_shard
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        mine = range(self.shards)
+        if info is not None:
+            mine = mine[info.id :: info.num_workers]
+        for s in mine:
+            yield from range(s * self.per_shard, (s + 1) * self.per_shard)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_shard_after_a_source_that_split_itself_is_refused(backend: str) -> None:
+    # It kept [0, 3, 4, 7] of 0..7 at world size 1.
+    replica = pf.from_iterable(SplitsItself(8)) | pf.shard(0, 1)
+    loader = pf.parallel_source(replica, workers=2, backend=backend)
+    with pytest.raises(pf.errors.SplitTwiceError, match="split its stream by worker already"):
+        list(loader)
+
+
+def test_a_webdataset_style_stream_is_exact_or_refused() -> None:
+    # It lost 20 of 40: each worker kept half of the shards it had already chosen.
+    data = TarShards(shards=8, per_shard=5)
+    alone = pf.parallel_source(pf.from_iterable(data), workers=2)  # it splits itself: exact
+    assert sorted(alone) == list(range(40))
+    twice = pf.parallel_source(pf.from_iterable(data) | pf.shard(0, 1), workers=2)
+    with pytest.raises(pf.errors.SplitTwiceError, match=r"nodesplitter=wds\.split_by_node"):
+        list(twice)
+    ranks = [list(pf.parallel_source(pf.from_iterable(data), workers=2) | pf.shard(r, 2)) for r in range(2)]  # fmt: skip
+    assert sorted(ranks[0] + ranks[1]) == list(range(40))  # the split after: by rank only
+
+
+def test_ignore_errors_never_drops_a_split_twice() -> None:
+    replica = pf.from_iterable(SplitsItself(8)) | pf.shard(0, 1)
+    loader = pf.parallel_source(replica, workers=2, backend="thread") | pf.ignore_errors()
+    with pytest.raises(pf.errors.SplitTwiceError):
+        list(loader)
+
+
+def test_two_shards_in_one_replica_are_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="loader must split by worker once"):
+        pf.parallel_source(pf.indices(8) | pf.shard(0, 2) | pf.shard(0, 2), workers=2)
+
+
+def test_reading_worker_info_without_splitting_is_not_a_split() -> None:
+    # A source that reads its worker's seed or id (not how many workers there are) reads
+    # everything: the shard after it splits by worker, exactly.
+    replica = pf.from_iterable(SeedsOnly(12)) | pf.shard(0, 1)
+    got = list(pf.parallel_source(replica, workers=3, backend="thread"))
+    assert sorted(got) == list(range(12))
+
+
+class SeedsOnly:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = pf.get_worker_info()
+        assert info is not None and info.seed >= 0 and info.id >= 0
+        return iter(range(self.n))

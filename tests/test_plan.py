@@ -199,6 +199,8 @@ def test_positions_describe_without_running() -> None:
     assert list(p.items(0, 3)) == list(range(3, 10))
     assert p.shuffled(1, "numpy") is not None
     assert p.shuffled(1, "numpy").shuffled(2, "numpy") is None  # type: ignore[union-attr]
-    sharded = p.sharded(lambda: (1, 4), False)
+    sharded = p.sharded(lambda: (1, 4, 0, 1), False)
     assert sharded is not None and list(sharded.items(0, 0)) == [1, 5, 9]
-    assert sharded.sharded(lambda: (0, 2), False) is None
+    assert sharded.sharded(lambda: (0, 2, 0, 1), False) is None
+    worker = p.sharded(lambda: (1, 2, 1, 2), False)  # rank 1 of 2: 1, 3, 5, 7, 9; worker 1 of 2
+    assert worker is not None and list(worker.items(0, 0)) == [3, 7]

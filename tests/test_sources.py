@@ -9,7 +9,7 @@ import pipeflow as pf
 
 def test_indices_accepts_sized_and_rejects_bad_input() -> None:
     assert list(pf.indices(range(3))) == [0, 1, 2]
-    with pytest.raises(ValueError, match=r"n must be at least 0 \(got -2\)"):
+    with pytest.raises(ValueError, match=r"n_or_sized must be at least 0 \(got -2\)"):
         pf.indices(-2)
     with pytest.raises(TypeError):
         pf.indices(True)

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import pipeflow as pf
 from tests.test_dataloader import assert_same
@@ -548,3 +550,167 @@ def test_dataset_holding_an_event_and_a_value(context: str) -> None:
     )
     assert_same(ours, ref)
     assert (our_seen, our_count) == (ref_seen, ref_count) == (True, 8)
+
+
+# -- issue 24, item 5: however an epoch ends, the generator is left where torch's leaves it -------
+class FailsAt(tud.Dataset):
+    """A map-style dataset of *n* ints whose item *bad* raises (none when *bad* is -1)."""
+
+    def __init__(self, n: int, bad: int = -1) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise KeyError(i)
+        return i
+
+
+class Counting(tud.IterableDataset):
+    """0 .. n-1, split between the workers by torch's get_worker_info."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+def _batch_or_error(it: Any) -> Any:
+    try:
+        return next(it).tolist()
+    except StopIteration:
+        return "end"
+    except KeyError:  # the dataset's error, raised at its turn (the words differ: torch's
+        return "KeyError"  # name its worker process, pipeflow's the stage and the index)
+
+
+def _stop_after(cls: type, dataset: Any, stop: int, **kwargs: Any) -> tuple[list[Any], Any]:
+    """Read *stop* batches of an epoch (an error counts as one), drop the iterator, then read
+    the next epoch's first batch; what was read, and the generator's state after it."""
+    g = torch.Generator().manual_seed(11)
+    dl = cls(dataset, generator=g, **kwargs)
+    seen: list[Any] = []
+    it = iter(dl)
+    for _ in range(stop):
+        seen.append(_batch_or_error(it))
+        if seen[-1] == "end":
+            break
+    del it
+    seen.append(_batch_or_error(iter(dl)))
+    return seen, g.get_state()
+
+
+@given(
+    n=st.integers(1, 40),
+    batch_size=st.integers(1, 6),
+    workers=st.integers(1, 3),
+    prefetch=st.integers(1, 3),
+    stop=st.integers(0, 12),
+    persistent=st.booleans(),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    bad=st.integers(-1, 40),
+)
+# the issue's case: torch's next epoch starts [24, 26, 17, 32], pipeflow's started [9, 38, 7, 26]
+@example(
+    n=40, batch_size=4, workers=2, prefetch=2, stop=7,
+    persistent=False, shuffle=True, drop_last=False, bad=-1,
+)  # fmt: skip
+@settings(max_examples=15)
+def test_an_epoch_that_ends_early_draws_as_torchs(
+    n: int, batch_size: int, workers: int, prefetch: int, stop: int,
+    persistent: bool, shuffle: bool, drop_last: bool, bad: int,
+) -> None:  # fmt: skip
+    kwargs = dict(
+        batch_size=batch_size, num_workers=workers, prefetch_factor=prefetch,
+        persistent_workers=persistent, shuffle=shuffle, drop_last=drop_last,
+    )  # fmt: skip
+    ours, ours_state = _stop_after(pf.DataLoader, FailsAt(n, bad), stop, **kwargs)
+    theirs, their_state = _stop_after(tud.DataLoader, FailsAt(n, bad), stop, **kwargs)
+    assert ours == theirs
+    assert torch.equal(ours_state, their_state)
+
+
+@given(stop=st.integers(0, 8), workers=st.integers(1, 3), persistent=st.booleans())
+@settings(max_examples=12)
+def test_an_iterable_epoch_that_ends_early_draws_as_torchs(
+    stop: int, workers: int, persistent: bool
+) -> None:
+    kwargs = dict(batch_size=2, num_workers=workers, persistent_workers=persistent)
+    ours, ours_state = _stop_after(pf.DataLoader, Counting(20), stop, **kwargs)
+    theirs, their_state = _stop_after(tud.DataLoader, Counting(20), stop, **kwargs)
+    assert ours == theirs
+    assert torch.equal(ours_state, their_state)
+
+
+# -- issue 24, item 3: persistent spawn/forkserver workers share the dataset's shared tensors ----
+class EpochInSharedMemory(tud.Dataset):
+    """Each sample is the epoch the main process wrote into a shared-memory tensor."""
+
+    def __init__(self) -> None:
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.epoch)
+
+
+class ShuffledBySetEpoch(tud.IterableDataset):
+    """How a Hugging Face iterable dataset's ``shuffle(seed).set_epoch(e)`` reaches workers:
+    the epoch is a shared-memory tensor (``_maybe_share_with_torch_persistent_workers``)
+    that ``set_epoch`` updates in place, and each worker shuffles with ``seed + epoch``."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self._epoch = torch.tensor(0).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch += epoch - self._epoch
+
+    def __iter__(self):
+        order = torch.randperm(
+            self.n, generator=torch.Generator().manual_seed(self.seed + int(self._epoch))
+        )
+        info = tud.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(order[start::step].tolist())
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_persistent_workers_see_the_main_process_write_shared_tensors(context: str) -> None:
+    got = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        ds = EpochInSharedMemory()
+        dl = cls(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                 multiprocessing_context=context)  # fmt: skip
+        epochs = []
+        for epoch in range(3):
+            ds.epoch.fill_(epoch)
+            epochs.append(list(dl))
+        got.append(epochs)
+        del dl
+    assert got[0] == got[1] == [[0, 0], [1, 1], [2, 2]]
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_set_epoch_reshuffles_persistent_spawned_workers(context: str) -> None:
+    firsts = []
+    for cls in (pf.DataLoader, tud.DataLoader):
+        ds = ShuffledBySetEpoch(16, seed=42)
+        dl = cls(ds, batch_size=4, num_workers=2, persistent_workers=True,
+                 multiprocessing_context=context)  # fmt: skip
+        epochs = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            epochs.append([b.tolist() for b in dl])
+        firsts.append(epochs)
+        del dl
+    assert firsts[0] == firsts[1]
+    assert len({str(e[0]) for e in firsts[0]}) == 3  # a new first batch every epoch

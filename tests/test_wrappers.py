@@ -3,10 +3,13 @@ its meter (counts and sampled times), resume cuts, and the consumer's iterator."
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 import pipeflow as pf
 from pipeflow._failure import Failure
@@ -157,3 +160,67 @@ def test_the_consumers_iterator_raises_a_failure_and_goes_on() -> None:
     else:
         raise AssertionError("the failed item did not raise")
     assert list(it) == [1, 0]
+
+
+class _HoldFirst:
+    """A map function that holds item 0 until told: meanwhile another thread calls next()."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.go_on = threading.Event()
+
+    def __call__(self, i: int) -> int:
+        if i == 0:
+            self.inside.set()
+            assert self.go_on.wait(10)
+        return i
+
+
+def test_a_second_concurrent_next_is_refused_and_the_pass_goes_on() -> None:
+    hold = _HoldFirst()
+    it = iter(pf.indices(10) | pf.map(hold))
+    first: list[int] = []
+    reader = threading.Thread(target=lambda: first.append(next(it)))
+    reader.start()
+    assert hold.inside.wait(10)
+    try:
+        with pytest.raises(RuntimeError, match="another next\\(\\) on it was running") as info:
+            next(it)  # the reader's next() is running: refused, nothing taken
+    finally:
+        hold.go_on.set()
+        reader.join(10)
+    assert "goes on" in str(info.value)
+    assert first == [0]
+    assert list(it) == list(range(1, 10))  # the pass was not closed: every item, once
+
+
+def _yield_gil(i: int) -> int:
+    time.sleep(0)  # lets the other thread in while this one is inside next()
+    return i
+
+
+def test_two_threads_reading_one_pass_get_every_item_once_or_a_clear_refusal() -> None:
+    it = iter(pf.indices(300) | pf.map(_yield_gil))
+    got: list[list[int]] = [[], []]
+    refused: list[int] = [0, 0]
+    messages: set[str] = set()
+
+    def read(k: int) -> None:
+        while True:
+            try:
+                got[k].append(next(it))
+            except StopIteration:
+                return
+            except RuntimeError as e:  # the other thread was in next(): nothing was taken
+                messages.add(str(e))
+                refused[k] += 1
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(got[0] + got[1]) == list(range(300))
+    assert sum(refused) > 0  # they did collide (sleep(0) lets the other in at every item)
+    assert all("another next() on it was running" in m for m in messages)

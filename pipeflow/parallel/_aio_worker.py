@@ -29,6 +29,7 @@ from typing import Any
 
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
+from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
 from pipeflow.parallel._wire import Encoded, Reply, Task, describe_item, remote_error
 from pipeflow.parallel._worker import (
@@ -213,8 +214,8 @@ class _Init:
 
     def __call__(self, worker_id: int) -> None:
         init = self.worker_init
-        if isinstance(init, bytes):
-            init = pickle.loads(init)
+        if isinstance(init, Pickled):
+            init = init.load()
         started = init(worker_id)
         if inspect.isawaitable(started):
             self.pending = started
@@ -275,9 +276,9 @@ class _Link(asyncio.Protocol):
                 self._finish()
                 return
             if not self.told_torch and "torch" in sys.modules:
-                from pipeflow.worker_info import get_worker_info
+                from pipeflow.worker_info import current_info
 
-                info = get_worker_info()
+                info = current_info()
                 self.told_torch = info is not None and _tell_torch(info)
             start, release = self.runner.start, self.writer.release
             for task in tasks:

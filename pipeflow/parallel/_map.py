@@ -153,9 +153,9 @@ def parallel_map(
             ``None`` (see :mod:`pipeflow._rngs` and the how-to "Resume a run mid-epoch").
 
     Raises:
-        TypeError, ValueError: for a bad argument, when the stage is built. An *fn* that can't
-            be pickled for a spawn or forkserver pool raises ``TypeError`` before any worker
-            starts.
+        TypeError, ValueError: for a bad argument, when the stage is built. An *fn* (or
+            *worker_init*) that can't be pickled for a spawn or forkserver pool raises
+            ``TypeError`` then too.
 
     Examples:
         >>> import pipeflow as pf
@@ -198,4 +198,5 @@ def parallel_map(
     )
     if is_coroutine_function(fn):
         config = dataclasses.replace(config, coroutines=True)
+    config.check_picklable("parallel_map", fn=fn)
     return ParallelMap(fn, config)

@@ -172,9 +172,11 @@ class _Sender:
             self.sent += taken
 
     def _ask(self, room: int) -> None:
-        """Source workers: ask for up to *room* next items, each carrying the pass's note."""
+        """Source workers: ask for up to *room* next items, each carrying the pass's note (at
+        most :data:`_ASKS` a turn: an ask is a task queued whatever the workers have, so a
+        huge ``max_in_flight`` must not queue that many at once)."""
         pool, note = self.pool, self.note
-        for _ in range(room):
+        for _ in range(min(room, _ASKS)):
             if self.exhausted:
                 return
             if not pool.can_submit():
@@ -184,6 +186,10 @@ class _Sender:
                 self.seq, self.sent = self.seq + 1, self.sent + 1
             else:
                 return
+
+
+#: The most "your next item" tasks a source's pass queues in one turn of its loop.
+_ASKS = 4096
 
 
 def _in_order(

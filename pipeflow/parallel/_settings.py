@@ -18,10 +18,13 @@ from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 from pipeflow._rngs import KINDS
 from pipeflow._seeds import WORKERS_SLOT
 
-__all__ = ["COROUTINES_PER_WORKER", "Settings", "settings"]
+__all__ = ["COROUTINES_PER_WORKER", "MAX_WORKERS", "Settings", "settings"]
 
 #: The default bound on coroutines in flight, per event loop: I/O waits, so many at once.
 COROUTINES_PER_WORKER = 64
+#: The most workers a pool may have: it starts them all at once, each a thread or a process
+#: (past a few thousand, a system's limits on threads and processes refuse them anyway).
+MAX_WORKERS = 4096
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,32 @@ class Settings:
         seed = next(seeds)
         return self if seed is self.seed else dataclasses.replace(self, seed=seed)
 
+    def start_method(self) -> str | None:
+        """The start method process workers will use (``None`` for threads, or no workers),
+        found without fixing multiprocessing's default."""
+        if self.backend != "process" or self.workers == 0:
+            return None
+        mp = self.mp_context
+        if isinstance(mp, multiprocessing.context.BaseContext):
+            return str(mp.get_start_method())
+        if isinstance(mp, str):
+            return mp
+        chosen = multiprocessing.get_start_method(allow_none=True)
+        if chosen is None:  # not fixed yet: the platform's default
+            default = getattr(multiprocessing.context, "_default_context", None)
+            chosen = getattr(getattr(default, "_default_context", None), "_name", None)
+        return chosen
+
+    def check_picklable(self, name: str, **parts: Any) -> None:
+        """For spawn and forkserver workers: refuse now what could not be sent to them."""
+        method = self.start_method()
+        if method in ("spawn", "forkserver"):
+            from pipeflow.parallel._fork import check_picklable
+
+            for what, value in {**parts, "worker_init": self.worker_init}.items():
+                if value is not None:
+                    check_picklable(value, what, method, name)
+
     def describe(self, name: str, first: str) -> str:
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""
         from pipeflow._stage import _short
@@ -115,7 +144,7 @@ def settings(
     """Check the settings both parallel stages share; draw the seed when none is given. With
     *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
     worker's event loop awaits it before its first item."""
-    workers = _checks.integer(name, "workers", workers, low=0)
+    workers = _checks.integer(name, "workers", workers, low=0, high=MAX_WORKERS)
     _checks.one_of(name, "backend", backend, ("thread", "process"))
     if mp_context is not None:
         if backend != "process":

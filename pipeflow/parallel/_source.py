@@ -78,6 +78,23 @@ class _ParallelSource(Source[Any]):
         return f"parallel_source({self.loader!r}{order})"
 
 
+def _split_once(loader: Loader[Any]) -> None:
+    """Refuse a loader with two ``shard`` stages: in a worker, each would take a worker's
+    share of what the one before kept."""
+    from pipeflow.distributed import _Shard
+
+    shards = [s for s in loader.stages if isinstance(s, _Shard)]
+    if len(shards) > 1:
+        msg = (
+            f"parallel_source: loader must split by worker once, but it has {len(shards)} "
+            f"shard stages ({', '.join(map(repr, shards))}); in a worker each would keep a "
+            "worker's share of what the one before kept, losing the rest of the epoch. Keep "
+            "one shard inside (it splits by rank and worker), or put the others after "
+            "parallel_source"
+        )
+        raise ValueError(msg)
+
+
 def parallel_source(
     loader: Loader[T],
     *,
@@ -95,11 +112,20 @@ def parallel_source(
     """Run a copy of *loader* in each worker and interleave their outputs, round-robin.
 
     This is how torch's ``DataLoader`` runs an ``IterableDataset`` with workers: each worker
-    iterates its own replica, so the dataset must split itself by
-    :func:`~pipeflow.get_worker_info` (or ``torch.utils.data.get_worker_info``, which answers
-    too) to avoid duplicates. With ``ordered=True`` the items come worker 0, worker 1, ...,
-    worker 0, ...; a worker that runs out drops out of the rotation. Arguments as for
-    :func:`parallel_map`.
+    iterates its own replica, so each replica must read only its share. The split by worker
+    happens once, in one of two places:
+
+    - the source splits itself by :func:`~pipeflow.get_worker_info` (or
+      ``torch.utils.data.get_worker_info``, which answers in process workers), as torch's
+      documentation teaches; or
+    - a :func:`~pipeflow.shard` in *loader* splits the stream by rank and worker together
+      (``world_size * workers`` shares), over a source that reads everything.
+
+    Never both: a ``shard`` after a source that read ``get_worker_info().num_workers`` in
+    the same worker raises :class:`~pipeflow.errors.SplitTwiceError` instead of keeping a
+    fraction of the worker's share, and a *loader* with two ``shard`` stages is refused here.
+    With ``ordered=True`` the items come worker 0, worker 1, ..., worker 0, ...; a worker
+    that runs out drops out of the rotation. Arguments as for :func:`parallel_map`.
 
     Examples:
         >>> import pipeflow as pf
@@ -110,10 +136,18 @@ def parallel_source(
         ...         return iter(range(start, 7, step))
         >>> list(pf.parallel_source(pf.from_iterable(Shard()), workers=2, backend="thread"))
         [0, 1, 2, 3, 4, 5, 6]
+        >>> list(pf.parallel_source(pf.indices(7) | pf.shard(0, 1), workers=2, backend="thread"))
+        [0, 1, 2, 3, 4, 5, 6]
+        >>> list(pf.parallel_source(pf.from_iterable(Shard()) | pf.shard(0, 1), workers=2,
+        ...                         backend="thread"))
+        Traceback (most recent call last):
+        ...
+        pipeflow.errors.SplitTwiceError: shard: in parallel_source worker 0 of 2, the source ...
     """
     if not isinstance(loader, Loader):
         msg = f"parallel_source: loader must be a pipeflow loader (got {type(loader).__name__})"
         raise TypeError(msg)
+    _split_once(loader)
     config = settings(
         "parallel_source",
         workers=workers,
@@ -128,4 +162,5 @@ def parallel_source(
         round_robin=True,
         rng_state=rng_state,
     )
+    config.check_picklable("parallel_source", loader=loader)
     return Loader(_ParallelSource(loader, config))

@@ -31,6 +31,7 @@ from multiprocessing import process
 from typing import Any
 
 from pipeflow import _checks
+from pipeflow.parallel._fork import Pickled
 
 __all__ = ["ENV", "active", "ensure_running", "set_warm_start", "warm_context"]
 
@@ -173,12 +174,12 @@ def _job_modules(process_obj: Any) -> list[str]:
         names += getattr(forkserver._forkserver, "_preload_modules", [])
     args = process_obj._args  # a pool's worker: (conn, WorkerSpec), the job maybe pickled
     for arg in [a for x in args for a in (x if isinstance(x, tuple) else (x,))]:
-        if isinstance(arg, bytes):
-            key = hash(arg)  # a pool's workers share one job pickle: scan it once
+        if isinstance(arg, Pickled):
+            key = hash(arg.data)  # a pool's workers share one job pickle: scan it once
             if key not in _MODULES:
                 if len(_MODULES) > 64:
                     _MODULES.clear()
-                _MODULES[key] = frozenset(pickled_modules(arg))
+                _MODULES[key] = frozenset(pickled_modules(arg.data))
             names += sorted(_MODULES[key])
     return names
 

@@ -28,6 +28,7 @@ from pipeflow._rngs import restore as restore_rngs
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
+from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
 from pipeflow.parallel._wire import (
     Encoded,
@@ -38,7 +39,14 @@ from pipeflow.parallel._wire import (
     describe_item,
     remote_error,
 )
-from pipeflow.worker_info import WorkerInfo, get_worker_info, set_process_worker_info, set_replica
+from pipeflow.worker_info import (
+    WorkerInfo,
+    begin_replica_pass,
+    current_info,
+    note_split_read,
+    set_process_worker_info,
+    set_replica,
+)
 
 __all__ = [
     "MapJob",
@@ -211,13 +219,14 @@ class SourceJob:
         return SourceJob(type(self.loader)(self.loader.source, self.loader.stages), self.name)
 
     def run(self, item: Any, epoch: int, seq: int) -> Any:
-        info = get_worker_info()
+        info = current_info()
         if info is not None:  # shard() inside reads this worker's share
             set_replica(True, thread=info.backend == "thread")
         key = item.key if isinstance(item, PassNote) else epoch
         if self._key != key:
             if self._it is not None:
                 self._it.close()  # type: ignore[attr-defined]
+            begin_replica_pass()  # what the source reads of the workers from here, shard sees
             self.loader.set_epoch(epoch)
             if isinstance(item, PassNote) and item.value is not None:
                 self.loader.source.begin_pass(item.value)
@@ -326,11 +335,31 @@ def _tell_torch(info: WorkerInfo) -> bool:
         return False
     from torch.utils.data._utils import worker as torch_worker
 
-    torch_worker._worker_info = torch_worker.WorkerInfo(
+    torch_worker._worker_info = _torch_info_class(torch_worker.WorkerInfo)(
         id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
     )
     torch.set_num_threads(1)  # as torch's workers: no thread oversubscription
     return True
+
+
+_TORCH_INFO: list[type] = []
+
+
+def _torch_info_class(base: type) -> type:
+    """torch's ``WorkerInfo``, whose ``num_workers`` read counts as a split by worker (as
+    pipeflow's does: see :func:`pipeflow.worker_info.split_reads`)."""
+    if not _TORCH_INFO:
+
+        class WorkerInfo(base):  # type: ignore[misc]
+            __qualname__ = base.__qualname__
+
+            def __getattribute__(self, name: str) -> Any:
+                if name == "num_workers":
+                    note_split_read()
+                return super().__getattribute__(name)
+
+        _TORCH_INFO.append(WorkerInfo)
+    return _TORCH_INFO[0]
 
 
 # -- process workers -------------------------------------------------------------------------
@@ -367,10 +396,10 @@ def start_process_worker(
     threading.Thread(target=_watch_parent, args=watch, daemon=True).start()
     job, worker_id, worker_init = spec.job, spec.worker_id, spec.worker_init
     try:
-        if isinstance(job, bytes):
-            job = pickle.loads(job)
-        if isinstance(worker_init, bytes):
-            worker_init = pickle.loads(worker_init)
+        if isinstance(job, Pickled):
+            job = job.load()
+        if isinstance(worker_init, Pickled):
+            worker_init = worker_init.load()
         if defer_torch and "torch" not in sys.modules:
             job.without_torch()
         seed = seed_worker(spec.base_seed, worker_id)
