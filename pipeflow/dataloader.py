@@ -117,6 +117,11 @@ class DataLoader(tud.DataLoader[T_co]):
         )
         if not _TORCH_HAS_IN_ORDER:  # pragma: no cover - torch < 2.6
             self.in_order = in_order
+        self._pf_init()
+        check_settings(self)  # what torch's checks let through, that no pass could run with
+
+    def _pf_init(self) -> None:
+        """pipeflow's own attributes (torch's are set by its constructor)."""
         self._pf_drawn = False
         self._pf_base_seed: int | None = None  # the workers' base seed, drawn at a pass start
         self._pf_rng_at_start: dict[str, Any] | None = None
@@ -125,7 +130,6 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_loader: Loader[Any] | None = None
         self._pf_sampled: _Sampled | None = None
         self._pf_stream: _Stream | None = None
-        check_settings(self)  # what torch's checks let through, that no pass could run with
 
     # -- the pipeline ----------------------------------------------------------------------
     def pipeline(self) -> Loader[Any]:

@@ -231,6 +231,9 @@ def mix(
         >>> sorted(set(short)) == ['X', 'a', 'b', 'c']
         True
     """
+    if isinstance(loaders, Loader) or not isinstance(loaders, (list, tuple)):
+        msg = f"mix: loaders must be a list of pipeflow loaders (got {type(loaders).__name__})"
+        raise TypeError(msg)
     loaders = tuple(loaders)
     if not loaders or not all(isinstance(x, Loader) for x in loaders):
         msg = f"mix: loaders must be a non-empty list of pipeflow loaders (got {loaders!r})"

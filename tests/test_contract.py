@@ -48,6 +48,8 @@ NOT_FACTORIES = {
     "SharedList",
     "Source",  # the protocol the sources implement: every source case below is one
     "StageStats",  # what stats() returns: tests/test_stats.py
+    "Shard",  # what shards() yields to a reader: tests/test_shards.py
+    "ShardReadError",
     "StageStuckError",
     "Stateful",  # the protocol a user's stateful object keeps: tests/test_stateful.py
     "StatefulDataLoader",  # torchdata's facade: tests/test_stateful.py
@@ -207,6 +209,55 @@ def procs(method: str, **kw: Any) -> dict[str, Any]:
     return dict(workers=2, backend="process", mp_context=method, seed=1, **kw)
 
 
+_SHARDS: dict[str, list[str]] = {}
+
+
+def shard_files(kind: str) -> list[str]:
+    """Two small shards of *kind* (``jsonl``, ``tar``, ``parquet``), made once per session."""
+    if kind not in _SHARDS:
+        import atexit
+        import io
+        import json
+        import shutil
+        import tarfile
+        import tempfile
+
+        where = tempfile.mkdtemp(prefix="pipeflow-contract-")
+        atexit.register(shutil.rmtree, where, True)
+        paths = [os.path.join(where, f"s{i}.{kind}") for i in range(2)]
+        for i, path in enumerate(paths):
+            rows = [{"x": 10 * i + j} for j in range(3)]
+            if kind == "jsonl":
+                with open(path, "w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+            elif kind == "tar":
+                with tarfile.open(path, "w") as tar:
+                    for j, r in enumerate(rows):
+                        data = json.dumps(r).encode()
+                        info = tarfile.TarInfo(f"k{j}.json")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                pq.write_table(pa.table({"x": [r["x"] for r in rows]}), path)
+        _SHARDS[kind] = paths
+    return _SHARDS[kind]
+
+
+def jsonl_shard(i: int) -> str:
+    return shard_files("jsonl")[i % 2]
+
+
+def tar_shard(i: int) -> str:
+    return shard_files("tar")[i % 2]
+
+
+def parquet_shard(i: int) -> str:
+    return shard_files("parquet")[i % 2]
+
+
 TQDM_MONITOR = (
     "progress(force=True) leaves tqdm's 'tqdm_monitor' thread running after its bar is closed "
     "(tqdm 4.70 keeps the monitor alive once the last bar closes)"
@@ -228,6 +279,11 @@ CASES = [
     stage("pack", lambda: pf.map(as_tokens) | pf.pack(8, window=2), id="pack-first_fit"),
     stage("pack", lambda: pf.map(as_tokens) | pf.pack(8, window=2, method="concat"), id="pack-concat"),
     stage("unbatch", pf.unbatch, pairs=True),
+    source("shards", lambda rec: pf.shards(shard_files("jsonl"), seed=1), reads=False),
+    stage("read_jsonl", lambda: pf.map(jsonl_shard) | pf.read_jsonl()),
+    stage("read_tar", lambda: pf.map(tar_shard) | pf.read_tar()),
+    stage("read_parquet", lambda: pf.map(parquet_shard) | pf.read_parquet()),
+    source("mix", lambda rec: pf.mix([pf.from_iterable(rec), pf.indices(3)], seed=1)),
     stage("fetch", lambda: pf.fetch(DATA)),
     stage("fetch", lambda: pf.fetch(DATA, batched=False), id="fetch-unbatched"),
     stage("map", lambda: pf.map(square)),
@@ -343,6 +399,13 @@ def gen(items: Iterable[Any]) -> Iterator[Any]:
 #: (factory, call, the exception the conventions ask for, the parameter the message must name).
 #: A wrong kind of value is a TypeError, a value out of range a ValueError (STYLE.md).
 BAD = [
+    ("shards", lambda: pf.shards(3), TypeError, "urls"),
+    ("shards", lambda: pf.shards(["a.tar"], balance="x"), ValueError, "balance"),
+    ("read_tar", lambda: pf.read_tar(decode=3), TypeError, "decode"),
+    ("read_jsonl", lambda: pf.read_jsonl(retries=-1), ValueError, "retries"),
+    ("read_parquet", lambda: pf.read_parquet(columns="a"), TypeError, "columns"),
+    ("mix", lambda: pf.mix(3), TypeError, "loaders"),
+    ("mix", lambda: pf.mix([pf.indices(2)], stop="x"), ValueError, "stop"),
     ("indices", lambda: pf.indices(-1), ValueError, "n_or_sized"),
     ("indices", lambda: pf.indices(1.5), TypeError, "n_or_sized"),
     ("from_iterable", lambda: pf.from_iterable(3), TypeError, "iterable"),
