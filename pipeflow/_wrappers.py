@@ -21,6 +21,7 @@ map``, 3.3 million items/s with the meter in the loop, 2.5 million with a wrappe
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeflow._failure import Failure
+from pipeflow._failure import ENDED, Failure
 from pipeflow.errors import StageStuckError, annotate
 from pipeflow.state import Progress
 
@@ -110,6 +111,7 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
                 break
             except Exception as e:
                 failure = _failure(e, route, n)
+                failure.ends = getattr(it, "gi_frame", True) is None  # a finished generator
                 stuck = stuck + 1 if n == after_failure else 1  # no item since the last one?
                 n = after_failure = n + 1
                 if meter is not None:  # time the next item afresh
@@ -300,6 +302,9 @@ class Pass:
         self.progress.delivered += 1
         if item.__class__ is Failure:
             error = item.error
+            if item.ends:  # a pass in a worker (parallel_source) tells the main process
+                with contextlib.suppress(AttributeError):  # an exception without a __dict__
+                    setattr(error, ENDED, True)
             # A stage's frame may still hold the failure: once raised, it must not keep the
             # exception (whose traceback holds the consumer's frames, and so this pass).
             item.error = _RAISED

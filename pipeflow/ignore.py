@@ -10,7 +10,14 @@ from pipeflow import _checks
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
-from pipeflow.errors import PipeflowError, StageStuckError, describe_indices
+from pipeflow.errors import (
+    PipeflowError,
+    StageStuckError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    _add_note,
+    describe_indices,
+)
 from pipeflow.state import Drops, Resume
 
 if TYPE_CHECKING:
@@ -131,11 +138,12 @@ def _ignore(
     try:
         for item in items:
             seen += 1
-            if (
-                item.__class__ is not Failure
-                or not isinstance(item.error, exceptions)
-                or isinstance(item.error, StageStuckError)  # never dropped: the pass ended
-            ):
+            if item.__class__ is not Failure or not isinstance(item.error, exceptions):
+                yielded += 1
+                yield item
+                continue
+            if item.ends or isinstance(item.error, _NEVER_DROPPED):
+                _never_dropped(item)  # the items after it were never made: raised, not dropped
                 yielded += 1
                 yield item
                 continue
@@ -151,6 +159,21 @@ def _ignore(
     finally:
         if dropped:
             _log(dropped, context.epoch)
+
+
+#: Errors that end a pass (or a stage's stream) wherever they come from: a dead worker, a
+#: timeout, a stuck stage. Dropping one would shorten the epoch without a word.
+_NEVER_DROPPED = (StageStuckError, WorkerDiedError, WorkerTimeoutError)
+
+
+def _never_dropped(item: Failure) -> None:
+    """Say in *item*'s error why ``ignore_errors`` let it through (once)."""
+    note = (
+        "pipeflow: ignore_errors does not drop this error: it ended its stage's stream, so "
+        "the items after it were never made (see the reliability page of the docs)"
+    )
+    if note not in getattr(item.error, "__notes__", ()):
+        _add_note(item.error, note)
 
 
 def _limit(max_count: int | None, max_fraction: float | None, total: int | None) -> int | None:
