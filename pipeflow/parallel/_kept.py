@@ -28,7 +28,13 @@ def make_pool(config: Settings, job: Any, name: str, base_seed: int) -> Any:
         given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
         context = warm_context(given or multiprocessing.get_context(mp))
         if not config.coroutines:
-            return ProcessPool(spec, name=name, round_robin=config.round_robin, context=context)
+            return ProcessPool(
+                spec,
+                name=name,
+                round_robin=config.round_robin,
+                context=context,
+                restarts=config.restarts,
+            )
         from pipeflow.parallel._aio_worker import aio_process_main
 
         return ProcessPool(
@@ -38,6 +44,7 @@ def make_pool(config: Settings, job: Any, name: str, base_seed: int) -> Any:
             context=context,
             target=aio_process_main,
             concurrent=True,
+            restarts=config.restarts,
         )
     if config.coroutines:
         from pipeflow.parallel._aio import LoopPool
@@ -85,8 +92,10 @@ class Kept:
             pool.close()
             return
         self.busy = False
-        if pool.broken:
+        if pool.broken:  # a worker died or timed out: not kept
             self.close()
+        else:
+            pool.end_pass()
 
     def close(self) -> None:
         pool, self.pool = self.pool, None

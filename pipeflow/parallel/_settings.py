@@ -14,10 +14,12 @@ from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 
-__all__ = ["COROUTINES_PER_WORKER", "Settings", "settings"]
+__all__ = ["COROUTINES_PER_WORKER", "MAX_RESTARTS", "Settings", "settings"]
 
 #: The default bound on coroutines in flight, per event loop: I/O waits, so many at once.
 COROUTINES_PER_WORKER = 64
+#: The most worker restarts a pass may allow: a bound, not a way to loop on crashes forever.
+MAX_RESTARTS = 1_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Settings:
     round_robin: bool = False
     #: *fn* is a coroutine function: event loops run it, many items per worker at once.
     coroutines: bool = False
+    #: Process workers that may die in one pass and be replaced, their items sent again.
+    restarts: int = 0
 
     @property
     def in_flight(self) -> int:
@@ -76,6 +80,7 @@ _DEFAULTS = {
     "timeout": None,
     "persistent": False,
     "round_robin": False,
+    "restarts": 0,
 }
 
 
@@ -93,6 +98,7 @@ def settings(
     seed: Any,
     round_robin: Any = False,
     coroutines: bool = False,
+    restarts: Any = 0,
 ) -> Settings:
     """Check the settings both parallel stages share; draw the seed when none is given. With
     *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
@@ -129,4 +135,17 @@ def settings(
         seed=fresh_seed() if seed is None else check_seed(name, seed),
         round_robin=_checks.boolean(name, "round_robin", round_robin),
         coroutines=coroutines,
+        restarts=_restarts(name, restarts, backend),
     )
+
+
+def _restarts(name: str, restarts: Any, backend: str) -> int:
+    """``restarts``, checked: a count, for process workers only (a thread can't die alone)."""
+    restarts = _checks.integer(name, "restarts", restarts, low=0, high=MAX_RESTARTS)
+    if restarts and backend != "process":
+        msg = (
+            f"{name}: restarts applies to backend='process' only (got restarts={restarts} "
+            f"with backend={backend!r}): a thread worker can't die alone"
+        )
+        raise ValueError(msg)
+    return restarts
