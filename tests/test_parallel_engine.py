@@ -73,6 +73,9 @@ class FakePool:
     def backlog(self, in_flight: int) -> int:
         return in_flight
 
+    def end_pass(self) -> None:
+        pass
+
     def can_submit(self) -> bool:
         return True
 
