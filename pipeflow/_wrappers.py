@@ -268,7 +268,16 @@ class Pass:
     must go on with the next item. Counts what it hands out for ``state_dict()``.
     """
 
-    __slots__ = ("__weakref__", "chain", "closed", "progress", "pull", "record", "started")
+    __slots__ = (
+        "__weakref__",
+        "chain",
+        "closed",
+        "cut_short",
+        "progress",
+        "pull",
+        "record",
+        "started",
+    )
 
     def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
         self.chain = chain
@@ -276,6 +285,9 @@ class Pass:
         self.record = record
         self.started = 0
         self.closed = False
+        # An error that ended a stage's stream was raised: the pass's end is not the
+        # epoch's, and a state taken now resumes with the items it did not deliver.
+        self.cut_short = False
         self.pull: Callable[[], Any] = self._first  # then the last stage's __next__
 
     def __iter__(self) -> Pass:
@@ -293,18 +305,20 @@ class Pass:
             item = self.pull()
         except StopIteration:
             if not self.closed:
-                self.progress.done = True
+                self.progress.done = not self.cut_short
                 self.close()
             raise
         except BaseException:
             self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
             raise
-        self.progress.delivered += 1
         if item.__class__ is Failure:
             error = item.error
-            if item.ends:  # a pass in a worker (parallel_source) tells the main process
+            if item.ends:  # no item was consumed: the items from here on were never made
+                self.cut_short = True
                 with contextlib.suppress(AttributeError):  # an exception without a __dict__
-                    setattr(error, ENDED, True)
+                    setattr(error, ENDED, True)  # a pass in a worker tells the main process
+            else:  # a failed item counts as consumed (it is not read again on resume)
+                self.progress.delivered += 1
             # A stage's frame may still hold the failure: once raised, it must not keep the
             # exception (whose traceback holds the consumer's frames, and so this pass).
             item.error = _RAISED
@@ -313,6 +327,7 @@ class Pass:
                 raise error
             finally:  # the traceback keeps this frame: it must not keep the pass alive
                 del error, self
+        self.progress.delivered += 1
         return item
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
+from pipeflow.parallel._lives import POISON_DEATHS
 from tests.conftest import nothing_left
 from tests.faults import DieAt, ExitAt, Samples, Share
 
@@ -80,12 +81,16 @@ class Case:
 
     def must_fail(self) -> bool:
         """Whether the deaths are more than the pass may survive: any death of a source
-        worker; for a map, more deaths than ``restarts``, or a sample that kills twice."""
+        worker; for a map, more deaths than ``restarts``, or an item (a sample, or a batch)
+        that kills a worker each time it is read, twice (a poison sample)."""
         if not self.deaths:
             return False
         if self.kind == "source" or self.restarts == 0:
             return True
-        return any(times > 1 for _, _, times in self.deaths) or len(self.deaths) > self.restarts
+        kills: Counter[int] = Counter()
+        for index, _, times in self.deaths:
+            kills[index // (self.size or 1)] += times
+        return max(kills.values()) >= POISON_DEATHS or sum(kills.values()) > self.restarts
 
 
 def run(case: Case) -> tuple[list[int], BaseException | None]:
@@ -160,6 +165,7 @@ ISSUE_24 = Case(12, 2, "process", True, "map", None, True, 0, ((5, "exit", 1),))
 @example(case=Case(10, 2, "process", True, "source", None, True, 0, ((4, "exit", 1),)))
 @example(case=Case(15, 3, "process", False, "map", 2, True, 3, ((1, "kill", 1), (8, "exit", 1))))
 @example(case=Case(0, 1, "process", True, "map", None, True, 0, ()))
+@example(case=Case(2, 1, "process", False, "map", 2, False, 3, ((0, "exit", 1), (1, "exit", 1))))
 @settings(deadline=None)
 def test_every_index_once_or_an_error_naming_the_missing(case: Case) -> None:
     event(f"{len(case.deaths)} deaths, {'must fail' if case.must_fail() else 'exactly once'}")
@@ -376,3 +382,24 @@ def test_the_dataloader_replaces_a_persistent_worker_killed_between_epochs(no_le
         assert [b.tolist() for b in dl] == first
     finally:
         dl._pf_loader.close()  # type: ignore[union-attr]
+
+
+def test_a_state_taken_after_a_death_resumes_with_what_was_not_delivered(tmp_path) -> None:
+    """The pass that failed did not end the epoch: its state resumes exactly the rest (the
+    worker dies once, so the resumed pass reads sample 5 again, and lives)."""
+
+    def loader() -> pf.Loader:
+        stage = pf.parallel_map(
+            DieAt(((5, "exit", 1),), str(tmp_path)), workers=2, backend="process", timeout=GUARD
+        )
+        return pf.indices(12) | stage
+
+    first = loader()
+    got: list[int] = []
+    with pytest.raises(pf.WorkerDiedError):
+        got.extend(first)
+    state = first.state_dict()
+    assert state["epoch"] == 0  # before: 1, and the lost items were never seen again
+    again = loader()
+    again.load_state_dict(state)
+    assert got + list(again) == list(range(12))

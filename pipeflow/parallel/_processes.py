@@ -414,7 +414,8 @@ class ProcessPool(PoolDefaults):
         """Between passes: a worker that died since (killed while idle) is let go, and a new
         one starts when it is given its first item. Nothing was lost: no restart is used."""
         for wid, proc in enumerate(self.procs):
-            if proc is not None and not proc.is_alive():
+            if proc is not None and (not proc.is_alive() or _exiting(proc.pid)):
+                proc.join(1.0)  # a process ends when its last thread has: a moment more
                 log.warning(
                     "pipeflow: parallel stage %r: worker %d of %d (pid %d) %s between "
                     "passes; a new worker takes its place",
@@ -477,6 +478,16 @@ class ProcessPool(PoolDefaults):
         _segments.sweep(self.prefix)
         self.reader.close()
         self.freeze.release()
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process *pid*'s main thread has ended (Linux: it shows as a zombie while its
+    other threads end; ``waitpid`` reports the process only after them)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _how(code: int | None) -> str:
