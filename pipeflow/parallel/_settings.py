@@ -141,11 +141,11 @@ def settings(
 
 def _restarts(name: str, restarts: Any, backend: str) -> int:
     """``restarts``, checked: a count, for process workers only (a thread can't die alone)."""
-    restarts = _checks.integer(name, "restarts", restarts, low=0, high=MAX_RESTARTS)
-    if restarts and backend != "process":
+    count = _checks.integer(name, "restarts", restarts, low=0, high=MAX_RESTARTS)
+    if count and backend != "process":
         msg = (
-            f"{name}: restarts applies to backend='process' only (got restarts={restarts} "
+            f"{name}: restarts applies to backend='process' only (got restarts={count} "
             f"with backend={backend!r}): a thread worker can't die alone"
         )
         raise ValueError(msg)
-    return restarts
+    return count
