@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "ALIGN",
     "INLINE_LIMIT",
-    "KEEP_BYTES",
+    "KEEP_SHARE",
     "SHM_DIR",
     "Segment",
     "capacity",
@@ -42,8 +42,8 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 #: Results whose out-of-band buffers add up to less than this travel inline through the pipe.
 INLINE_LIMIT = 64 * 1024
 ALIGN = 64
-#: The most bytes of segments one worker keeps for reuse (see :func:`keep_budget`).
-KEEP_BYTES = 256 * 1024 * 1024
+#: What a pool's workers keep for reuse adds up to at most this share of ``/dev/shm``.
+KEEP_SHARE = 0.25
 
 
 class Segment(NamedTuple):
@@ -86,21 +86,26 @@ def sweep(prefix: str) -> int:
 
 
 def keep_budget(workers: int) -> int:
-    """How many bytes of segments each of a pool's *workers* may keep for reuse.
+    """How many bytes of segments each of a pool's *workers* may keep for reuse: their
+    share of :data:`KEEP_SHARE` of ``/dev/shm``.
 
-    :data:`KEEP_BYTES`, or less on a small ``/dev/shm``: what a pool keeps adds up to at most
-    a quarter of it, so that kept segments never crowd out the results in flight. A result
-    too large for the budget travels in a segment used once (as torch's batches do).
+    Kept segments make a result's pages cost nothing to make (writing pages that exist is a
+    plain copy); the budget keeps them from crowding out the results in flight on a small
+    ``/dev/shm`` (a container's 64 MB - 2 GB). A result too large for it travels in a
+    segment used once, as torch's batches do. A kept pool gives everything back at the end
+    of each pass.
 
     Examples:
-        >>> keep_budget(2) <= KEEP_BYTES
+        >>> import os
+        >>> st = os.statvfs(SHM_DIR)
+        >>> keep_budget(2) == int(st.f_blocks * st.f_frsize * KEEP_SHARE) // 2
         True
     """
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
-        return KEEP_BYTES
-    return min(KEEP_BYTES, st.f_blocks * st.f_frsize // (4 * max(1, workers)))
+        return 0
+    return int(st.f_blocks * st.f_frsize * KEEP_SHARE) // max(1, workers)
 
 
 def capacity(total: int) -> int:
