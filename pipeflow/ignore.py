@@ -74,6 +74,12 @@ def ignore_errors(
     batch sample by sample (a dataset without ``__getitems__``), only the failed samples are
     dropped and the batch goes on shorter; a ``__getitems__`` that raises costs its batch.
 
+    An error that ended its stage's stream is never dropped: a generator that raised (a
+    source's iterator, a generator stage), a worker that died
+    (:class:`~pipeflow.WorkerDiedError`) or timed out. The items after it were never made,
+    so dropping it would shorten the epoch without a word; it is raised at its turn, with a
+    note saying why.
+
     Args:
         exceptions: the exception types to drop (an exception class or a tuple of them).
         max_count: drop at most this many items per epoch; one more raises
