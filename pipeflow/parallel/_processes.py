@@ -402,8 +402,12 @@ class ProcessPool(PoolDefaults):
         self.by_fd.pop(conn.fileno(), None)
         self.sentinels.pop(proc.sentinel, None)
         conn.close()
+        if proc.is_alive():  # it closed its pipe but runs on: it can't be told anything
+            proc.kill()
+            proc.join(1.0)
         if not self.keep_processes:
-            proc.close()
+            with contextlib.suppress(ValueError):  # still running after all: the OS reaps it
+                proc.close()
         self.conns[wid] = self.procs[wid] = None
         self.stale[wid] = 0
         self.warm[wid] = False

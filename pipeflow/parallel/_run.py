@@ -171,7 +171,7 @@ def _name_lost(error: Any, out: dict[int, Any], sender: _Sender) -> None:
     error.undelivered, error.unsent_from = tuple(flat), first
     words = f"not delivered: {held(out)}" if out else "not delivered: no item in flight"
     if first is not None:
-        words += f", and every item from item {first} of the pass on (never sent)"
+        words += f", and any item from item {first} of the pass on (never sent)"
     error.args = (f"{error.args[0]}; {words}", *error.args[1:])
 
 

@@ -68,8 +68,10 @@ class Writer:
     process, which keeps its mapping) and, once the main process reports that nothing there
     uses it any more, writes the next result into the same pages. Writing into pages that
     exist is a plain copy; a fresh segment makes the kernel allocate and zero every page,
-    which costs more than the copy itself. At most *keep* segments are kept; beyond that a
-    segment is used once and dropped, as when the consumer holds on to many batches.
+    which costs more than the copy itself. At most *keep* segments are kept, adding up to at
+    most *keep_bytes*; beyond that a segment is used once and dropped, as when the consumer
+    holds on to many batches. A kept pool's workers drop all of them when a pass ends
+    (:meth:`trim`).
     """
 
     def __init__(self, prefix: str, keep: int = 16, keep_bytes: int | None = None) -> None:
