@@ -55,7 +55,7 @@ class FakePool:
     def __init__(self, seed: int, slots: int, plain: bool, taken: list[int]) -> None:
         self.name = "engine"
         self.workers = 2
-        self.closed = self.broken = False
+        self.closed = self.broken = self.trims = False
         self.plain = plain  # True: results delivered as they are; False: through value()
         self.rng = random.Random(seed)
         self.slots = slots

@@ -200,7 +200,7 @@ def test_an_uncaught_error_at_exit_prints_no_stray_traceback() -> None:
     results wait in shared memory. Exit-time cleanup closed the pool before the pass's
     generators were finalized, which then read the closed reader: ``Exception ignored in:
     <generator object ...> KeyError``, in 8 of 8 runs of this scenario before the fix."""
-    procs = [start("exit_after_error") for _ in range(4)]
+    procs = [start("exit_after_error") for _ in range(3)]
     for proc in procs:
         _, err = events(proc)
         assert proc.returncode == 1, err

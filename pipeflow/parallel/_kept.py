@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeflow.parallel._settings import Settings
 
-__all__ = ["Kept", "make_pool"]
+__all__ = ["TRIM_AFTER", "Kept", "make_pool"]
 
 
 def make_pool(config: Settings, job: Any, name: str, base_seed: int) -> Any:
@@ -55,16 +56,23 @@ def make_pool(config: Settings, job: Any, name: str, base_seed: int) -> Any:
     return ThreadPool(spec, name=name, round_robin=config.round_robin)
 
 
+#: How long a kept pool may sit idle between passes before it gives back the memory it keeps
+#: for reuse (``end_pass``): back-to-back epochs reuse it; a pause (a validation loop, the end
+#: of training with the loader still open) returns it.
+TRIM_AFTER = 1.0
+
+
 class Kept:
     """A persistent pool, kept by the loader between its passes; and which pool each pass
     runs on."""
 
-    __slots__ = ("busy", "facts", "passes", "pool")
+    __slots__ = ("busy", "facts", "passes", "pool", "timer")
 
     def __init__(self) -> None:
         self.pool: Any = None
         self.busy = False
         self.facts: Any = None
+        self.timer: threading.Timer | None = None  # the pool's end_pass, TRIM_AFTER from now
         # The pool each running pass borrowed, by the pass's epoch (kept or not): what
         # pf.DataLoader's iterator shows as its `_workers`.
         self.passes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -79,6 +87,7 @@ class Kept:
         """
         if not config.persistent or self.busy:
             return make(), False
+        self._cancel_trim()  # a pass follows at once: what the pool kept is reused
         if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
             self.close()
         self.facts = facts
@@ -94,10 +103,21 @@ class Kept:
         self.busy = False
         if pool.broken:  # a worker died or timed out: not kept
             self.close()
-        else:
-            pool.end_pass()
+        elif pool.trims:  # what it keeps for reuse goes back unless a pass follows soon
+            self.timer = threading.Timer(TRIM_AFTER, pool.end_pass)
+            self.timer.daemon = True
+            self.timer.name = f"pipeflow-trim-{pool.name}"
+            self.timer.start()
+
+    def _cancel_trim(self) -> None:
+        """Stop the pending trim, or wait for it to end when it has begun."""
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()
 
     def close(self) -> None:
+        self._cancel_trim()
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.close()

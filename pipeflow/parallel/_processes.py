@@ -55,6 +55,7 @@ class ProcessPool(PoolDefaults):
     """Worker processes, each with its own duplex pipe; results come back via shared memory."""
 
     backend = "process"
+    trims = True  # end_pass gives back the shared memory kept for reuse
 
     def __init__(
         self,
@@ -148,8 +149,8 @@ class ProcessPool(PoolDefaults):
         self.lives.start_pass(self.reader)
 
     def end_pass(self) -> None:
-        """A kept pool's pass ended: every worker drops its kept segments, and so does the
-        reader, so that ``/dev/shm`` holds nothing of the pool's between passes."""
+        """A kept pool sat idle after a pass: every worker drops its kept segments, and so
+        does the reader, so that ``/dev/shm`` holds nothing of the pool's until the next."""
         for conn in self.conns:
             if conn is not None:
                 with contextlib.suppress(OSError, ValueError):  # dead: the next pass sees it

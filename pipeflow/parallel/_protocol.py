@@ -42,6 +42,7 @@ class Pool(Protocol):
     closed: bool
     broken: bool  # a worker died: the pool can't be reused
     plain: bool  # an "ok" reply's payload is the result itself (nothing to decode or free)
+    trims: bool  # end_pass gives back memory kept for reuse (shared memory)
 
     def start_pass(self, max_in_flight: int) -> None:
         """Forget the tasks of an earlier pass; the next tasks belong to a new one."""
@@ -74,7 +75,8 @@ class Pool(Protocol):
         """The items out now, in words, for a timeout's message."""
 
     def end_pass(self) -> None:
-        """A kept pool's pass ended: give back what it holds between passes."""
+        """A kept pool sat idle after a pass: give back what it keeps for reuse (called
+        from a timer thread, while no pass runs: see :class:`~pipeflow.parallel._kept.Kept`)."""
 
     def close(self) -> None:
         """Stop every worker and release everything (idempotent)."""
@@ -113,6 +115,7 @@ class PoolDefaults:
     """What a pool has unless it does better: items sent one by one, as many out as may run."""
 
     plain = False
+    trims = False
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
         raise NotImplementedError
