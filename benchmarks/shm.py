@@ -10,7 +10,7 @@ with a ``/dev/shm`` of its own (a new mount namespace with a fresh tmpfs there; 
 and ``unshare``; elsewhere it says so and measures the shared one). A thread of that
 subprocess reads the tmpfs's usage (``statvfs``) every 2 ms: *peak* is the most it saw
 during an epoch, *after* what it holds once the epoch ended and its batches were dropped
-(the persistent workers still alive), once it is back where it started or 3 s later. Run::
+(the persistent workers still alive), once it is back where it started or 8 s later. Run::
 
     python -m benchmarks.shm                 # batch 10,000 (1 GB batches), 4 per epoch
     python -m benchmarks.shm --batch 1000    # 100 MB batches, 4 per epoch
@@ -74,7 +74,7 @@ PROBE = textwrap.dedent(
             del b
         took = time.perf_counter() - start
         gc.collect()
-        settle = time.monotonic() + 3.0  # an idle pool gives back after 1 s; freeing takes more
+        settle = time.monotonic() + 8.0  # an idle pool gives back after 5 s; freeing takes more
         while used() > base and time.monotonic() < settle:
             time.sleep(0.05)
         epochs.append({"peak": peak[0] - base, "after": used() - base, "seconds": took})

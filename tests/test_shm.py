@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow import _alloc
-from pipeflow.parallel import _segments
-from pipeflow.parallel._kept import TRIM_AFTER
+from pipeflow.parallel import _kept, _segments
 from pipeflow.parallel._shm import Reader, Writer
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
@@ -278,10 +277,11 @@ def test_a_worker_whose_result_does_not_fit_sends_it_through_the_pipe(
     assert os.listdir(tiny_shm) == []
 
 
-def test_a_kept_pool_holds_nothing_in_shm_between_epochs(shm_64m, no_leaks) -> None:
+def test_a_kept_pool_holds_nothing_in_shm_between_epochs(shm_64m, no_leaks, monkeypatch) -> None:
     """Persistent workers: once an epoch's batches are dropped and no epoch follows within
-    ``TRIM_AFTER``, the pool's shared memory is all back (the workers live on), and the next
-    epoch is exact."""
+    ``TRIM_AFTER`` (0.2 s here), the pool's shared memory is all back (the workers live on),
+    and the next epoch is exact."""
+    monkeypatch.setattr(_kept, "TRIM_AFTER", 0.2)
     n, size = 36, 4  # batches of 160 KiB: each travels in a segment a worker would keep
     loader = pf.indices(n) | pf.batch(size)
     loader = loader | pf.parallel_map(
@@ -296,7 +296,7 @@ def test_a_kept_pool_holds_nothing_in_shm_between_epochs(shm_64m, no_leaks) -> N
             firsts = [int(b[0, 0]) for b in loader]
             assert firsts == list(range(0, n, size))
             gc.collect()
-            deadline = time.monotonic() + TRIM_AFTER + 2
+            deadline = time.monotonic() + _kept.TRIM_AFTER + 2
             while used(shm_64m) > 0 and time.monotonic() < deadline:
                 time.sleep(0.02)  # the workers drop theirs as they read the pipe
             assert used(shm_64m) == 0, f"{used(shm_64m):,} bytes held between epochs"

@@ -57,9 +57,11 @@ def make_pool(config: Settings, job: Any, name: str, base_seed: int) -> Any:
 
 
 #: How long a kept pool may sit idle between passes before it gives back the memory it keeps
-#: for reuse (``end_pass``): back-to-back epochs reuse it; a pause (a validation loop, the end
-#: of training with the loader still open) returns it.
-TRIM_AFTER = 1.0
+#: for reuse (``end_pass``): epochs in a row reuse it; a pause (a validation loop, the end of
+#: training with the loader still open) returns it. Making it again costs about what a pass
+#: of that size costs to fill (fresh pages are zeroed): a few seconds keep that small next to
+#: the pause (at 1 s, a benchmark that ran torch's epochs between pipeflow's paid it often).
+TRIM_AFTER = 5.0
 
 
 class Kept:
