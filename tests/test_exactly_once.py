@@ -403,3 +403,20 @@ def test_a_state_taken_after_a_death_resumes_with_what_was_not_delivered(tmp_pat
     again = loader()
     again.load_state_dict(state)
     assert got + list(again) == list(range(12))
+
+
+@dataclass(frozen=True)
+class AsyncDieAt:
+    """:class:`tests.faults.DieAt` for coroutine workers (an event loop per process)."""
+
+    die: DieAt
+
+    async def __call__(self, i: int) -> int:
+        return self.die(i)
+
+
+def test_a_coroutine_worker_that_dies_is_replaced_with_its_items(tmp_path, no_leaks) -> None:
+    """An event loop holds many items at once: all of them go to the new worker."""
+    fn = AsyncDieAt(DieAt(((7, "kill", 1),), str(tmp_path)))
+    stage = pf.parallel_map(fn, workers=1, backend="process", restarts=1, timeout=GUARD)
+    assert sorted(pf.indices(20) | stage) == list(range(20))

@@ -389,10 +389,10 @@ class ProcessPool(PoolDefaults):
         self._start(wid)
         self.head_since[wid] = time.monotonic()
         tasks = [Task(self.pass_id, seq, self.epoch, item, None) for seq, item in held.items()]
-        if self.concurrent:
-            self.unsent[wid] = tasks
-            return
         with contextlib.suppress(OSError):  # dead again: collect() sees it
+            if self.concurrent:  # an event loop takes them in one message
+                self.conns[wid].send(tasks)
+                return
             for task in tasks:
                 self.conns[wid].send(task)
 
