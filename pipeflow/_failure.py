@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Failure", "WithDropped"]
+__all__ = ["ENDED", "Failure", "WithDropped", "ended"]
 
 
 class Failure:
@@ -24,21 +24,42 @@ class Failure:
         indices: the sample indices the item stood for, when known (else ``()``).
         dropped: the item's batch went on without it (a sample dropped by ``fetch`` for a
             later ``ignore_errors``): the failure is only counted, never raised.
+        ends: the error ended its stage's stream (a generator that raised is finished; a
+            parallel stage whose worker died or timed out): the items after it were never
+            made, so ``ignore_errors`` must not drop it (the epoch would be silently short).
     """
 
-    __slots__ = ("dropped", "error", "indices")
+    __slots__ = ("dropped", "ends", "error", "indices")
 
-    def __init__(self, error: BaseException, indices: Sequence[Any] = (), dropped: bool = False):
+    def __init__(
+        self,
+        error: BaseException,
+        indices: Sequence[Any] = (),
+        dropped: bool = False,
+        ends: bool = False,
+    ):
         self.error = error
         self.indices = tuple(indices)
         self.dropped = dropped
+        self.ends = ends
 
     def __repr__(self) -> str:
         what = f" at sample indices {list(self.indices)}" if self.indices else ""
         return f"Failure({type(self.error).__name__}{what})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Failure, (_sendable(self.error), self.indices, self.dropped))
+        return (Failure, (_sendable(self.error), self.indices, self.dropped, self.ends))
+
+
+#: The attribute that marks an exception raised from a :class:`Failure` whose error ended
+#: its stream, so that a pass that runs inside a worker (``parallel_source``) tells the main
+#: process (an exception's attributes travel with its pickle).
+ENDED = "_pipeflow_ended_stream"
+
+
+def ended(error: BaseException) -> bool:
+    """Whether *error* ended the stream of the stage it came from (see :data:`ENDED`)."""
+    return bool(getattr(error, ENDED, False))
 
 
 def _sendable(error: BaseException) -> BaseException:

@@ -21,6 +21,7 @@ map``, 3.3 million items/s with the meter in the loop, 2.5 million with a wrappe
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeflow._failure import Failure
+from pipeflow._failure import ENDED, Failure
 from pipeflow.errors import StageStuckError, annotate
 from pipeflow.state import Progress
 
@@ -110,6 +111,7 @@ def guarded(it: Iterator[Any], route: Route, meter: Meter | None = None) -> Iter
                 break
             except Exception as e:
                 failure = _failure(e, route, n)
+                failure.ends = getattr(it, "gi_frame", True) is None  # a finished generator
                 stuck = stuck + 1 if n == after_failure else 1  # no item since the last one?
                 n = after_failure = n + 1
                 if meter is not None:  # time the next item afresh
@@ -266,7 +268,16 @@ class Pass:
     must go on with the next item. Counts what it hands out for ``state_dict()``.
     """
 
-    __slots__ = ("__weakref__", "chain", "closed", "progress", "pull", "record", "started")
+    __slots__ = (
+        "__weakref__",
+        "chain",
+        "closed",
+        "cut_short",
+        "progress",
+        "pull",
+        "record",
+        "started",
+    )
 
     def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
         self.chain = chain
@@ -274,6 +285,9 @@ class Pass:
         self.record = record
         self.started = 0
         self.closed = False
+        # An error that ended a stage's stream was raised: the pass's end is not the
+        # epoch's, and a state taken now resumes with the items it did not deliver.
+        self.cut_short = False
         self.pull: Callable[[], Any] = self._first  # then the last stage's __next__
 
     def __iter__(self) -> Pass:
@@ -291,7 +305,7 @@ class Pass:
             item = self.pull()
         except StopIteration:
             if not self.closed:
-                self.progress.done = True
+                self.progress.done = not self.cut_short
                 self.close()
             raise
         except ValueError as e:
@@ -302,9 +316,14 @@ class Pass:
         except BaseException:
             self.close()  # not a failed item: the pass itself broke (or Ctrl-C)
             raise
-        self.progress.delivered += 1
         if item.__class__ is Failure:
             error = item.error
+            if item.ends:  # no item was consumed: the items from here on were never made
+                self.cut_short = True
+                with contextlib.suppress(AttributeError):  # an exception without a __dict__
+                    setattr(error, ENDED, True)  # a pass in a worker tells the main process
+            else:  # a failed item counts as consumed (it is not read again on resume)
+                self.progress.delivered += 1
             # A stage's frame may still hold the failure: once raised, it must not keep the
             # exception (whose traceback holds the consumer's frames, and so this pass).
             item.error = _RAISED
@@ -313,6 +332,7 @@ class Pass:
                 raise error
             finally:  # the traceback keeps this frame: it must not keep the pass alive
                 del error, self
+        self.progress.delivered += 1
         return item
 
     def close(self) -> None:

@@ -45,12 +45,37 @@ class WorkerError(PipeflowError):
         return (type(self), (self.type_name, str(self).partition(": ")[2]))
 
 
-class WorkerDiedError(PipeflowError):
+class _EndsThePass:
+    """What a pass that ended on this error did not deliver (set by the parallel stage).
+
+    Attributes:
+        undelivered: the sample indices (or, for items that are not indices, the item
+            numbers) that were sent to the workers and never delivered.
+        unsent_from: the number of the first item of the pass that was never sent (every
+            later one was lost too), or ``None`` when every item had been sent.
+    """
+
+    undelivered: tuple[Any, ...] = ()
+    unsent_from: int | None = None
+
+
+class WorkerDiedError(_EndsThePass, PipeflowError):
     """A worker process ended without being asked to (killed, crashed, ``os._exit``).
+
+    The message names the stage, the worker, its pid, the exit code or signal, the sample
+    indices it held, and every item of the pass that was not delivered. A worker's death is
+    not a bad sample: :func:`pipeflow.ignore_errors` never drops this error. With
+    ``parallel_map(..., restarts=n)`` a dead worker's items go to a new worker instead, up to
+    *n* times an epoch; this error comes when that budget is spent, or when one sample killed
+    two workers in a row (a "poison" sample, named in the message).
 
     Attributes:
         pid: the worker's process id, when known.
         exitcode: its exit code (negative: the signal that killed it), when known.
+        undelivered: the sample indices (or item numbers) sent to the workers and never
+            delivered: the dead worker's and every other one's.
+        unsent_from: the number of the first item of the pass never sent (the rest of the
+            epoch was lost too), or ``None``.
     """
 
     def __init__(self, text: str, *, pid: int | None = None, exitcode: int | None = None) -> None:
@@ -59,15 +84,21 @@ class WorkerDiedError(PipeflowError):
         self.exitcode = exitcode
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_died, (str(self), self.pid, self.exitcode))
+        return (_rebuild_died, (str(self), self.pid, self.exitcode), self.__dict__)
 
 
 def _rebuild_died(text: str, pid: int | None, exitcode: int | None) -> WorkerDiedError:
     return WorkerDiedError(text, pid=pid, exitcode=exitcode)
 
 
-class WorkerTimeoutError(PipeflowError, TimeoutError):
-    """No result came from the workers within the stage's ``timeout``."""
+class WorkerTimeoutError(_EndsThePass, PipeflowError, TimeoutError):
+    """No result came from the workers within the stage's ``timeout``.
+
+    The message names the stage, the timeout, the items in flight (with the worker and pid
+    that held each) and every item of the pass that was not delivered. The pass ends, its
+    workers are stopped at once (a persistent pool is not kept), and
+    :func:`pipeflow.ignore_errors` never drops this error.
+    """
 
 
 class StageStuckError(PipeflowError):

@@ -15,6 +15,9 @@ from pipeflow.errors import (
     ShardReadError,
     SplitTwiceError,
     StageStuckError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+    _add_note,
     describe_indices,
 )
 from pipeflow.state import Drops, Resume
@@ -77,6 +80,12 @@ def ignore_errors(
     ``"pipeflow"`` logger. Other exceptions pass through unchanged. Where ``fetch`` reads a
     batch sample by sample (a dataset without ``__getitems__``), only the failed samples are
     dropped and the batch goes on shorter; a ``__getitems__`` that raises costs its batch.
+
+    An error that ended its stage's stream is never dropped: a generator that raised (a
+    source's iterator, a generator stage), a worker that died
+    (:class:`~pipeflow.WorkerDiedError`) or timed out. The items after it were never made,
+    so dropping it would shorten the epoch without a word; it is raised at its turn, with a
+    note saying why.
 
     Args:
         exceptions: the exception types to drop (an exception class or a tuple of them).
@@ -143,13 +152,12 @@ def _ignore(
     try:
         for item in items:
             seen += 1
-            if (
-                item.__class__ is not Failure
-                or not isinstance(item.error, exceptions)
-                or isinstance(item.error, (StageStuckError, ShardReadError, SplitTwiceError))
-                # never dropped: the pass ended, a whole shard's samples would go, or it
-                # would have lost a share of the epoch
-            ):
+            if item.__class__ is not Failure or not isinstance(item.error, exceptions):
+                yielded += 1
+                yield item
+                continue
+            if item.ends or isinstance(item.error, _NEVER_DROPPED):
+                _never_dropped(item)  # the items after it were never made: raised, not dropped
                 yielded += 1
                 yield item
                 continue
@@ -168,6 +176,28 @@ def _ignore(
     finally:
         if dropped:
             _log(dropped, context.epoch)
+
+
+#: Errors that end a pass (or a stage's stream) wherever they come from, or stand for more than
+#: one sample: a dead worker, a timeout, a stuck stage, an unreadable shard, a stream split
+#: twice. Dropping one would shorten the epoch without a word.
+_NEVER_DROPPED = (
+    StageStuckError,
+    ShardReadError,
+    SplitTwiceError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
+
+
+def _never_dropped(item: Failure) -> None:
+    """Say in *item*'s error why ``ignore_errors`` let it through (once)."""
+    note = (
+        "pipeflow: ignore_errors does not drop this error: it ended its stage's stream, so "
+        "the items after it were never made (see the reliability page of the docs)"
+    )
+    if note not in getattr(item.error, "__notes__", ()):
+        _add_note(item.error, note)
 
 
 def _limit(max_count: int | None, max_fraction: float | None, total: int | None) -> int | None:

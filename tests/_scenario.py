@@ -136,7 +136,94 @@ def stall() -> None:
     say(event="done", workers=sorted(children()), elapsed=time.monotonic() - start)
 
 
+class SleepyDataset:
+    """40 samples; sample 9 never comes (a stuck read)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> int:
+        if i == 9:
+            time.sleep(3600)
+        time.sleep(0.002)
+        return i
+
+
+def late(how: str) -> None:
+    """A timeout: how long after the last result the error comes, and what is left after.
+
+    ``dataloader``: ``pf.DataLoader(timeout=1)`` over a stuck sample (torch: ~1.1 s);
+    ``sigstop``: the same with persistent workers, one frozen by SIGSTOP mid-epoch; ``thread``:
+    ``parallel_map`` on threads, ``timeout=1``, a stuck item.
+    """
+    if how == "thread":
+        loader: Any = pf.indices(40) | pf.parallel_map(
+            SleepAt(9, 3600), workers=2, backend="thread", timeout=1
+        )
+    else:
+        loader = pf.DataLoader(
+            SleepyDataset() if how == "dataloader" else list(range(400)),
+            batch_size=4,
+            num_workers=2,
+            timeout=1,
+            persistent_workers=how == "sigstop",
+        )
+    it = iter(loader)
+    next(it)
+    next(it)
+    if how == "sigstop":
+        os.kill(it._workers[1].pid, signal.SIGSTOP)
+    say(event="started", workers=sorted(children()))
+    last = time.monotonic()
+    try:
+        for _ in it:
+            last = time.monotonic()
+    except Exception as e:
+        say(
+            event="error",
+            type=type(e).__name__,
+            msg=str(e),
+            after=time.monotonic() - last,
+            runtime_error=isinstance(e, RuntimeError),
+            timeout_error=isinstance(e, TimeoutError),
+        )
+    start = time.monotonic()
+    deadline = start + STOP_WITHIN
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    say(event="done", workers=sorted(children()), elapsed=time.monotonic() - start)
+
+
+def exit_after_error() -> None:
+    """An uncaught dataset error in a ``for`` loop ends the program while results of the pass
+    wait in order behind it (in shared memory): exit-time cleanup must stay silent."""
+    from tests.faults import Samples
+
+    loader = pf.indices(200) | pf.batch(4)
+    loader = loader | pf.parallel_map(
+        pf.fetch(Samples(200, SlowFailure())) | pf.collate(),
+        workers=2,
+        backend="process",
+        max_in_flight=6,
+    )
+    for _ in loader:
+        pass
+
+
+class SlowFailure:
+    """80 KB samples (a batch travels in /dev/shm); sample 100 fails after 0.3 s, when the
+    batches behind it have arrived."""
+
+    def __call__(self, i: int) -> Any:
+        import numpy as np
+
+        if i == 100:
+            time.sleep(0.3)
+            raise ValueError("bad sample 100")
+        return np.full(20_000, i, dtype=np.float32)
+
+
 if __name__ == "__main__":
     name, _, arg = sys.argv[1].partition(":")
-    {"die": die, "early": early}.get(name, lambda a: globals()[name]())(arg)
+    {"die": die, "early": early, "late": late}.get(name, lambda a: globals()[name]())(arg)
     _ = square, os

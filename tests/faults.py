@@ -111,3 +111,58 @@ def square(x: int) -> int:
 
 def pid_and(x: Any) -> tuple[Any, int]:
     return x, os.getpid()
+
+
+@dataclass(frozen=True)
+class DieAt:
+    """Kill the worker that reads one of *deaths*' sample indices, keyed by index.
+
+    Each death is ``(index, how, times)``: *how* is ``"exit"`` (``os._exit(3)``) or
+    ``"kill"`` (SIGKILL); the first *times* reads of *index* die and later ones go on (so a
+    new worker delivers it, or, read twice, it is a poison sample). The reads are counted as
+    files in *folder*, so the count holds across worker processes.
+    """
+
+    deaths: tuple[tuple[int, str, int], ...]
+    folder: str
+
+    def __call__(self, i: Any) -> Any:
+        for index, how, times in self.deaths:
+            if i == index:
+                done = [f for f in os.listdir(self.folder) if f.startswith(f"{index}-")]
+                if len(done) < times:
+                    with open(os.path.join(self.folder, f"{index}-{len(done)}"), "w"):
+                        pass
+                    if how == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                        time.sleep(10)
+                    os._exit(3)
+        return i
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A map-style dataset of ``n`` samples whose ``__getitem__`` is *fn* (a fault)."""
+
+    n: int
+    fn: Any
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return self.fn(i)
+
+
+@dataclass(frozen=True)
+class Share:
+    """An iterable over ``range(n)`` that splits itself by worker (its worker's share)."""
+
+    n: int
+
+    def __iter__(self) -> Any:
+        from pipeflow import get_worker_info
+
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))

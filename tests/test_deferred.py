@@ -21,7 +21,7 @@ def travel(result: Any) -> Any:
     """A result's trip from a worker to the main process (pipeflow's transport)."""
     writer = Writer(f"pipeflow-test-{os.getpid()}-")
     try:
-        data, segment, layout, _ = writer.encode(result)
+        data, segment, layout, *_ = writer.encode(result)
         return Reader().decode(0, data, segment, layout)
     finally:
         writer.close()

@@ -55,7 +55,7 @@ class FakePool:
     def __init__(self, seed: int, slots: int, plain: bool, taken: list[int]) -> None:
         self.name = "engine"
         self.workers = 2
-        self.closed = self.broken = False
+        self.closed = self.broken = self.trims = False
         self.plain = plain  # True: results delivered as they are; False: through value()
         self.rng = random.Random(seed)
         self.slots = slots
@@ -72,6 +72,9 @@ class FakePool:
 
     def backlog(self, in_flight: int) -> int:
         return in_flight
+
+    def end_pass(self) -> None:
+        pass
 
     def can_submit(self) -> bool:
         return True

@@ -172,3 +172,38 @@ def test_a_stall_with_timeout_raises_and_the_hung_worker_is_terminated() -> None
     # 0.5 s timeout + up to ~1.3 s to stop a hung worker; without either, 3600 s
     assert got["done"]["elapsed"] < 0.5 + REPORT_WITHIN + STOP_WITHIN
     no_segments_of(proc.pid)
+
+
+#: How late a timeout may fire. Before issue 24 the error waited for the stuck worker's grace
+#: to stop (1 s more), and a SIGSTOPped persistent worker stayed in the kept pool.
+TIMEOUT_MARGIN = 0.6
+
+
+@pytest.mark.parametrize("how", ["dataloader", "sigstop", "thread"])
+def test_a_timeout_fires_within_a_small_margin_and_nothing_stuck_is_kept(how) -> None:
+    proc = start(f"late:{how}")
+    got, err = events(proc)
+    assert "error" in got, err
+    e = got["error"]
+    assert e["type"] == "WorkerTimeoutError" and e["timeout_error"] and e["runtime_error"]
+    assert e["after"] < 1 + TIMEOUT_MARGIN, e["after"]
+    assert got["done"]["workers"] == []  # the kept pool was not kept: its workers are gone
+    if how != "thread":  # torch's words, and torch's class (a RuntimeError)
+        assert "DataLoader timed out after 1 seconds" in e["msg"]
+    assert "timeout=1" in e["msg"] and "not delivered" in e["msg"]
+    assert not wait_gone(got["started"]["workers"])
+    no_segments_of(proc.pid)
+
+
+def test_an_uncaught_error_at_exit_prints_no_stray_traceback() -> None:
+    """An uncaught dataset error ends a ``for`` loop over process workers while later
+    results wait in shared memory. Exit-time cleanup closed the pool before the pass's
+    generators were finalized, which then read the closed reader: ``Exception ignored in:
+    <generator object ...> KeyError``, in 8 of 8 runs of this scenario before the fix."""
+    procs = [start("exit_after_error") for _ in range(3)]
+    for proc in procs:
+        _, err = events(proc)
+        assert proc.returncode == 1, err
+        assert "ValueError: bad sample 100" in err
+        assert "Exception ignored" not in err, err
+        no_segments_of(proc.pid)

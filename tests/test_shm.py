@@ -4,12 +4,15 @@ over real ``/dev/shm`` files, then the same invariant end to end with real worke
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +22,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow import _alloc
-from pipeflow.parallel import _segments
+from pipeflow.parallel import _kept, _segments
 from pipeflow.parallel._shm import Reader, Writer
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
@@ -34,15 +37,17 @@ def shm_used() -> int:
 class Link:
     """A worker's writer and the main process's reader, in one process."""
 
-    def __init__(self, keep: int = 16) -> None:
-        self.writer = Writer(f"pipeflow-test-{os.getpid()}-{id(self)}-", keep=keep)
+    def __init__(self, keep: int = 16, keep_bytes: int | None = None) -> None:
+        prefix = f"pipeflow-test-{os.getpid()}-{id(self)}-"
+        self.writer = Writer(prefix, keep=keep, keep_bytes=keep_bytes)
         self.reader = Reader()
+        self.piped = False  # the last result came through the pipe
 
     def send(self, obj: Any) -> tuple[Any, Any]:
         """One trip; return what arrived and the segment description it came in."""
         freed = self.reader.take_freed(0) or []
         self.writer.release(freed)
-        data, segment, layout, retired = self.writer.encode(obj)
+        data, segment, layout, retired, self.piped = self.writer.encode(obj)
         self.writer.unreserve()
         self.reader.retire(0, retired)
         return self.reader.decode(0, data, segment, layout), segment
@@ -80,10 +85,13 @@ def test_a_dropped_result_gives_its_segment_back_for_the_next_one() -> None:
         max_size=40,
     ),
     keep=st.integers(1, 6),
+    keep_units=st.integers(0, 12),
 )
 @settings(max_examples=60, deadline=None)
-def test_a_result_still_in_use_is_never_overwritten(steps, keep) -> None:
-    link = Link(keep=keep)
+def test_a_result_still_in_use_is_never_overwritten(steps, keep, keep_units) -> None:
+    """... and what a worker keeps stays within its budget, by count and by bytes."""
+    budget = keep_units * BIG * 4
+    link = Link(keep=keep, keep_bytes=budget)
     link.writer.activate()
     held: list[tuple[int, Any]] = []
     try:
@@ -99,6 +107,7 @@ def test_a_result_still_in_use_is_never_overwritten(steps, keep) -> None:
             if keep_it:
                 held.append((k, got))
             del got  # no cycles: reference counting frees it (and its segment) here
+            assert sum(link.writer.sizes.values()) <= budget
         for k, got in held:
             assert (got["x"] == k).all(), f"result {k} was overwritten"
         assert len(link.writer.fds) <= keep
@@ -175,43 +184,124 @@ class Wide:
         return np.full(10_000, i, dtype=np.float32)
 
 
-@pytest.fixture
-def tiny_shm(tmp_path, monkeypatch):
-    """A 1 MiB tmpfs as the segment directory (needs the right to mount; skipped without)."""
-    where = tmp_path / "shm"
+@contextlib.contextmanager
+def mounted_shm(where: Any, size: str, monkeypatch: Any) -> Iterator[Any]:
+    """A tmpfs of *size* at *where* as the segment directory (needs the right to mount;
+    skipped without). Fork workers see it too: they inherit the module's setting."""
     where.mkdir()
     try:
         mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
         )
     except OSError:  # no mount command
         pytest.skip("can't mount a small tmpfs here")
     if mounted.returncode != 0:
         pytest.skip("can't mount a small tmpfs here")
     monkeypatch.setattr(_segments, "SHM_DIR", str(where))
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
 
 
-def test_a_full_shm_raises_enospc_naming_the_cause(tiny_shm) -> None:
+@pytest.fixture
+def tiny_shm(tmp_path, monkeypatch):
+    """A 1 MiB tmpfs as the segment directory."""
+    with mounted_shm(tmp_path / "shm", "1m", monkeypatch) as where:
+        yield where
+
+
+@pytest.fixture
+def shm_64m(tmp_path, monkeypatch):
+    """A 64 MiB tmpfs as the segment directory, used by nothing else: its usage is ours."""
+    with mounted_shm(tmp_path / "shm", "64m", monkeypatch) as where:
+        yield where
+
+
+def used(where: Any) -> int:
+    """Bytes in use in the tmpfs at *where* (unlinked files count until unmapped)."""
+    st_ = os.statvfs(where)
+    return (st_.f_blocks - st_.f_bfree) * st_.f_frsize
+
+
+def test_a_full_shm_names_itself_and_the_fix(tiny_shm) -> None:
+    with pytest.raises(OSError, match=r"is full.*--shm-size") as info:
+        _segments.write_segment("pipeflow-test-full", [bytes(2 << 20)], 2 << 20, 2 << 20)
+    assert info.value.errno == errno.ENOSPC
+    assert os.listdir(tiny_shm) == []  # the half-made segment is gone
+
+
+def test_a_result_that_does_not_fit_comes_through_the_pipe(tiny_shm) -> None:
     link = Link()
     try:
-        with pytest.raises(OSError, match="is full") as info:
-            link.send(np.zeros(2 * 1024 * 1024 // 4, dtype=np.float32))
-        assert info.value.errno == errno.ENOSPC
+        got, segment = link.send(np.full(2 * 1024 * 1024 // 4, 5, dtype=np.float32))
+        assert segment is None and link.piped
+        assert (got == 5).all()
         assert os.listdir(tiny_shm) == []  # the half-made segment is gone
     finally:
         link.close()
 
 
-def test_a_worker_whose_result_does_not_fit_raises_in_the_consumer(tiny_shm, no_leaks) -> None:
+def test_a_full_shm_gives_back_the_free_kept_segments(tiny_shm) -> None:
+    """600 KiB kept and free, then 700 KiB: both don't fit in 1 MiB. That one comes through
+    the pipe, and the kept one goes back, so that the next one fits."""
+    link = Link(keep_bytes=1 << 20)
+    try:
+        first, segment = link.send(np.ones(600 * 1024 // 4, dtype=np.float32))
+        assert segment[1] >= 0  # kept
+        del first
+        gc.collect()
+        for k, piped in [(2, True), (3, False)]:
+            got, segment = link.send(np.full(700 * 1024 // 4, k, dtype=np.float32))
+            assert link.piped == piped and (segment is None) == piped
+            assert (got == k).all()
+            del got
+            gc.collect()
+    finally:
+        link.close()
+
+
+def test_a_worker_whose_result_does_not_fit_sends_it_through_the_pipe(
+    tiny_shm, no_leaks, caplog
+) -> None:
+    """Batches larger than /dev/shm: the epoch completes, one warning names /dev/shm and
+    the fix, and nothing is left there."""
     loader = pf.indices(4) | pf.parallel_map(
         big_array, workers=2, backend="process", mp_context="fork"
     )
-    with pytest.raises(OSError, match="is full") as info:
-        list(loader)
-    assert "could not be sent back" in str(info.value.__notes__)
+    got = list(loader)
+    assert [int(a[0]) for a in got] == [0, 1, 2, 3]
+    warned = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert len(warned) == 1 and str(tiny_shm) in warned[0] and "--shm-size" in warned[0]
     assert os.listdir(tiny_shm) == []
+
+
+def test_a_kept_pool_holds_nothing_in_shm_between_epochs(shm_64m, no_leaks, monkeypatch) -> None:
+    """Persistent workers: once an epoch's batches are dropped and no epoch follows within
+    ``TRIM_AFTER`` (0.2 s here), the pool's shared memory is all back (the workers live on),
+    and the next epoch is exact."""
+    monkeypatch.setattr(_kept, "TRIM_AFTER", 0.2)
+    n, size = 36, 4  # batches of 160 KiB: each travels in a segment a worker would keep
+    loader = pf.indices(n) | pf.batch(size)
+    loader = loader | pf.parallel_map(
+        pf.fetch(Wide(n)) | pf.collate(),
+        workers=2,
+        backend="process",
+        mp_context="fork",
+        persistent=True,
+    )
+    try:
+        for _ in range(2):
+            firsts = [int(b[0, 0]) for b in loader]
+            assert firsts == list(range(0, n, size))
+            gc.collect()
+            deadline = time.monotonic() + _kept.TRIM_AFTER + 2
+            while used(shm_64m) > 0 and time.monotonic() < deadline:
+                time.sleep(0.02)  # the workers drop theirs as they read the pipe
+            assert used(shm_64m) == 0, f"{used(shm_64m):,} bytes held between epochs"
+    finally:
+        loader.close()
 
 
 def big_array(i: int) -> np.ndarray:

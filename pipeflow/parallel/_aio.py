@@ -126,7 +126,8 @@ class LoopPool(InProcessPool):
         LIVE.discard(self)
         for lp in self.loops:
             lp.stop()
-        deadline = time.monotonic() + STOP_GRACE
+        # After a timeout a loop may be stuck in blocking code: the error must not wait on it.
+        deadline = time.monotonic() + (0.0 if self.broken else STOP_GRACE)
         for lp in self.loops:
             lp.thread.join(max(0.0, deadline - time.monotonic()))
         # A loop stuck in blocking user code can't be stopped; its thread is a daemon.

@@ -31,7 +31,7 @@ from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
-from pipeflow.parallel._wire import Encoded, Reply, Task, describe_item, remote_error
+from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, describe_item, remote_error
 from pipeflow.parallel._worker import (
     MapJob,
     WorkerSpec,
@@ -183,7 +183,7 @@ def aio_process_main(conn: Any, spec: WorkerSpec) -> None:
     if started is None:
         return
     job, worker_id = started[0], spec.worker_id
-    writer = Writer(spec.prefix)
+    writer = Writer(spec.prefix, keep_bytes=_segments.keep_budget(spec.num_workers))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -270,7 +270,7 @@ class _Link(asyncio.Protocol):
                 head = 12
             if len(buf) < head + size:
                 return
-            tasks: list[Task] | None = pickle.loads(buf[head : head + size])  # one send's
+            tasks: list[Task | Trim] | None = pickle.loads(buf[head : head + size])  # one send's
             del buf[: head + size]
             if tasks is None:
                 self._finish()
@@ -282,6 +282,9 @@ class _Link(asyncio.Protocol):
                 self.told_torch = info is not None and _tell_torch(info)
             start, release = self.runner.start, self.writer.release
             for task in tasks:
+                if isinstance(task, Trim):  # the pass ended: nothing kept in /dev/shm
+                    self.writer.trim()
+                    continue
                 if task.freed:
                     release(task.freed)
                 start(task)

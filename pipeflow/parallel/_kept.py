@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeflow.parallel._settings import Settings
 
-__all__ = ["Kept", "make_pool"]
+__all__ = ["TRIM_AFTER", "Kept", "make_pool"]
 
 
 def make_pool(
@@ -36,7 +37,13 @@ def make_pool(
         given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
         context = warm_context(given or multiprocessing.get_context(mp))
         if not config.coroutines:
-            pool = ProcessPool(spec, name=name, round_robin=config.round_robin, context=context)
+            pool = ProcessPool(
+                spec,
+                name=name,
+                round_robin=config.round_robin,
+                context=context,
+                restarts=config.restarts,
+            )
             pool.skip_full = config.round_robin and not config.ordered
             return pool
         from pipeflow.parallel._aio_worker import aio_process_main
@@ -48,6 +55,7 @@ def make_pool(
             context=context,
             target=aio_process_main,
             concurrent=True,
+            restarts=config.restarts,
         )
     if config.coroutines:
         from pipeflow.parallel._aio import LoopPool
@@ -58,16 +66,25 @@ def make_pool(
     return ThreadPool(spec, name=name, round_robin=config.round_robin)
 
 
+#: How long a kept pool may sit idle between passes before it gives back the memory it keeps
+#: for reuse (``end_pass``): epochs in a row reuse it; a pause (a validation loop, the end of
+#: training with the loader still open) returns it. Making it again costs about what a pass
+#: of that size costs to fill (fresh pages are zeroed): a few seconds keep that small next to
+#: the pause (at 1 s, a benchmark that ran torch's epochs between pipeflow's paid it often).
+TRIM_AFTER = 5.0
+
+
 class Kept:
     """A persistent pool, kept by the loader between its passes; and which pool each pass
     runs on."""
 
-    __slots__ = ("busy", "facts", "passes", "pool")
+    __slots__ = ("busy", "facts", "passes", "pool", "timer")
 
     def __init__(self) -> None:
         self.pool: Any = None
         self.busy = False
         self.facts: Any = None
+        self.timer: threading.Timer | None = None  # the pool's end_pass, TRIM_AFTER from now
         # The pool each running pass borrowed, by the pass's epoch (kept or not): what
         # pf.DataLoader's iterator shows as its `_workers`.
         self.passes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -82,6 +99,7 @@ class Kept:
         """
         if not config.persistent or self.busy:
             return make(), False
+        self._cancel_trim()  # a pass follows at once: what the pool kept is reused
         if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
             self.close()
         self.facts = facts
@@ -95,10 +113,23 @@ class Kept:
             pool.close()
             return
         self.busy = False
-        if pool.broken:
+        if pool.broken:  # a worker died or timed out: not kept
             self.close()
+        elif pool.trims:  # what it keeps for reuse goes back unless a pass follows soon
+            self.timer = threading.Timer(TRIM_AFTER, pool.end_pass)
+            self.timer.daemon = True
+            self.timer.name = f"pipeflow-trim-{pool.name}"
+            self.timer.start()
+
+    def _cancel_trim(self) -> None:
+        """Stop the pending trim, or wait for it to end when it has begun."""
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()
 
     def close(self) -> None:
+        self._cancel_trim()
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.close()

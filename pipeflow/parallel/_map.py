@@ -100,6 +100,7 @@ def parallel_map(
     seed: int | None = None,
     round_robin: bool = False,
     rng_state: str | None = "torch",
+    restarts: int = 0,
 ) -> Stage[T, U]:
     """Apply *fn* to every item on a pool of threads or processes.
 
@@ -122,6 +123,15 @@ def parallel_map(
     holds the workers back instead of filling memory. ``ordered=True`` yields exactly the
     sequence ``map(fn, items)`` would; ``ordered=False`` yields results as they complete, each
     exactly once, so one slow item does not hold back the rest.
+
+    A worker process that dies (killed, out of memory, a crash in C code, ``os._exit``) is
+    never taken for a bad sample. By default (``restarts=0``, as torch's DataLoader) the pass
+    ends with :class:`~pipeflow.WorkerDiedError`, naming the worker, its pid, the exit code
+    or signal, and every item not delivered; :func:`~pipeflow.ignore_errors` never drops it.
+    With ``restarts=n`` a new worker takes the dead one's place and its items, up to *n*
+    times an epoch, and the epoch completes with every item exactly once (each death is
+    logged as a warning on the ``"pipeflow"`` logger). A sample that kills two workers in a
+    row is taken for a "poison" sample: the pass ends with a ``WorkerDiedError`` naming it.
 
     Each process worker's ``random``, numpy and torch global generators are seeded with
     ``base_seed + worker_id`` (torch's scheme); *base_seed* derives from *seed* and the epoch
@@ -151,6 +161,9 @@ def parallel_map(
             that a resumed pass draws the same numbers: ``"torch"`` (torch's; the default),
             ``"all"`` (Python's ``random`` and numpy's too: about 0.1 ms an item more), or
             ``None`` (see :mod:`pipeflow._rngs` and the how-to "Resume a run mid-epoch").
+        restarts: process workers only: how many dead workers a pass may replace (their
+            items go to the new worker, which starts with the dead one's id and seed);
+            ``0`` ends the pass at the first death.
 
     Raises:
         TypeError, ValueError: for a bad argument, when the stage is built. An *fn* (or
@@ -195,6 +208,7 @@ def parallel_map(
         round_robin=round_robin,
         coroutines=is_coroutine_function(fn),
         rng_state=rng_state,
+        restarts=restarts,
     )
     if is_coroutine_function(fn):
         config = dataclasses.replace(config, coroutines=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -23,9 +24,10 @@ from typing import Any
 from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, prepared
+from pipeflow.parallel._lives import Lives
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, PoolDefaults, held
 from pipeflow.parallel._shm import Reader
-from pipeflow.parallel._wire import Encoded, Reply, Task, raise_remote
+from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, raise_remote
 from pipeflow.parallel._worker import WorkerSpec, process_main
 
 __all__ = ["ProcessPool"]
@@ -33,6 +35,7 @@ __all__ = ["ProcessPool"]
 #: How long the other workers wait to start while the first makes its first result.
 START_STAGGER = 0.05
 _POOL_IDS = itertools.count()
+log = logging.getLogger("pipeflow")
 
 
 def _readable(conn: Any) -> bool:
@@ -52,6 +55,7 @@ class ProcessPool(PoolDefaults):
     """Worker processes, each with its own duplex pipe; results come back via shared memory."""
 
     backend = "process"
+    trims = True  # end_pass gives back the shared memory kept for reuse
 
     def __init__(
         self,
@@ -62,12 +66,13 @@ class ProcessPool(PoolDefaults):
         context: multiprocessing.context.BaseContext,
         target: Any = process_main,
         concurrent: bool = False,
+        restarts: int = 0,
     ) -> None:
         """*spec* is what each worker starts with (its id and segment prefix set per worker);
         *target* is the workers' main function, called as ``target(conn, spec)``;
         *concurrent*: each worker runs many tasks at once (event loops), so it gets its full
         share of ``max_in_flight`` from the start and is never taken for stuck behind a slow
-        task."""
+        task; *restarts*: how many dead workers a pass may replace (see :meth:`_died`)."""
         workers = spec.num_workers
         self.target = target
         self.concurrent = concurrent
@@ -104,13 +109,19 @@ class ProcessPool(PoolDefaults):
         self.sentinels: dict[int, int] = {}
         self.reader = Reader()
         self.unsent: list[list[Task]] = [[] for _ in range(workers)]  # concurrent: one send
+        self.lives = Lives(workers, restarts, self.prefix, concurrent)
+        self.piped = False  # a result came through the pipe: /dev/shm was full (warned once)
+        self.epoch = 0  # the epoch of the items sent in this pass
         LIVE.add(self)
 
     def _start(self, wid: int) -> None:
         """Start worker *wid*. Workers start when first given a task, so the first one is
         already working while the next one forks."""
-        prefix = _segments.segment_prefix(self.spec.main_pid, self.pool_id, wid)
-        restore = self.spec.restore[wid] if self.spec.restore else None
+        prefix = _segments.segment_prefix(self.spec.main_pid, self.pool_id, self.lives.name(wid))
+        # a resumed pass restores each worker's state in its first life; a replacement worker
+        # (after a death) starts as the dead one's seed and id say
+        first = not self.lives.lives[wid]
+        restore = self.spec.restore[wid] if self.spec.restore and first else None
         spec = self.spec._replace(worker_id=wid, prefix=prefix, restore=restore)
         here, there = self.context.Pipe(duplex=True)
         proc = self.context.Process(  # type: ignore[attr-defined]
@@ -122,7 +133,8 @@ class ProcessPool(PoolDefaults):
         if self.method == "fork":
             self.freeze.hold()
         try:
-            proc.start()
+            with _segments.not_inherited(self.method):
+                proc.start()
         finally:
             there.close()
         self.conns[wid], self.procs[wid] = here, proc
@@ -140,6 +152,17 @@ class ProcessPool(PoolDefaults):
         for wid in range(self.workers):
             self.stale[wid] += len(self.outstanding[wid])
             self.outstanding[wid].clear()
+        self._replace_the_dead()
+        self.lives.start_pass(self.reader)
+
+    def end_pass(self) -> None:
+        """A kept pool sat idle after a pass: every worker drops its kept segments, and so
+        does the reader, so that ``/dev/shm`` holds nothing of the pool's until the next."""
+        for conn in self.conns:
+            if conn is not None:
+                with contextlib.suppress(OSError, ValueError):  # dead: the next pass sees it
+                    conn.send([Trim(self.pass_id)] if self.concurrent else Trim(self.pass_id))
+        self.reader.trim()
 
     def rotate(self, first: int, ended: Any) -> None:
         self.rr_next = first
@@ -158,16 +181,17 @@ class ProcessPool(PoolDefaults):
             self._start(wid)
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
-        freed = self.reader.take_freed(wid)  # segments it may write again
+        self.epoch = epoch
+        freed = self.reader.take_freed(self.lives.keys[wid])  # segments it may write again
         task = Task(self.pass_id, seq, epoch, item, freed)
         self.outstanding[wid][seq] = item
         if self.concurrent:  # an event loop takes many: sent together, by collect()
             self.unsent[wid].append(task)
             return True
-        try:
+        try:  # noqa: SIM105 - per item: a try costs less than a suppress() block
             self.conns[wid].send(task)
-        except OSError:  # BrokenPipeError: the worker is gone
-            self._died(wid)
+        except OSError:  # BrokenPipeError: the worker is gone (collect() sees its sentinel)
+            pass
         return True
 
     def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
@@ -181,10 +205,8 @@ class ProcessPool(PoolDefaults):
     def _send_unsent(self) -> None:
         for wid in [w for w, tasks in enumerate(self.unsent) if tasks]:
             tasks, self.unsent[wid] = self.unsent[wid], []
-            try:
+            with contextlib.suppress(OSError):  # the worker is gone: collect() sees it
                 self.conns[wid].send(tasks)
-            except OSError:
-                self._died(wid)
 
     def _stagger_left(self) -> float | None:
         """Seconds the workers not started yet must still wait; None when they may start.
@@ -273,8 +295,10 @@ class ProcessPool(PoolDefaults):
                             out.append(res)
             if got:
                 return out  # deliver what came first; a death shows up on the next call
-            for wid in dead:
-                self._died(wid)
+            for wid in dict.fromkeys(dead):  # its pipe and its sentinel: one death
+                out.extend(self._died(wid))
+            if out:
+                return out
 
     def by_fd_conns(self) -> list[Any]:
         return [c for c in self.conns if c is not None]
@@ -288,11 +312,14 @@ class ProcessPool(PoolDefaults):
             self.avg = took if self.avg is None else 0.8 * self.avg + 0.2 * took
         self.warm[wid] = True
         self.head_since[wid] = now
+        if self.lives.keys[wid] != wid:  # a replacement worker: its segments are its own
+            reply = reply._replace(worker=self.lives.keys[wid])
         if reply.kind == "ok" and reply.payload.retired:
-            self.reader.retire(wid, reply.payload.retired)
+            self.reader.retire(reply.worker, reply.payload.retired)
         if reply.pass_id != self.pass_id:  # a late result of an abandoned pass
             self.stale[wid] -= 1
-            self.drop(reply)
+            if reply.kind == "ok" and reply.payload.segment is not None:
+                _segments.discard(reply.payload.segment.name)  # its worker trimmed it
             return None
         self.outstanding[wid].pop(reply.seq, None)
         if reply.kind == "end":
@@ -303,43 +330,124 @@ class ProcessPool(PoolDefaults):
         if reply.kind == "err":
             raise_remote(reply.payload, None)
         encoded: Encoded = reply.payload
+        if encoded.piped and not self.piped:
+            self.piped = True
+            log.warning(
+                "pipeflow: parallel stage %r: %s is full, so results now come through the "
+                "pipe (slower); enlarge it (for Docker: docker run --shm-size=8g), or lower "
+                "max_in_flight or the batch size",
+                self.name,
+                _segments.SHM_DIR,
+            )
         return self.reader.decode(reply.worker, encoded.data, encoded.segment, encoded.layout)
 
     def drop(self, reply: Reply) -> None:
         if reply.kind == "ok":
             self.reader.discard(reply.worker, reply.payload.segment)
 
-    def _died(self, wid: int) -> None:
-        conn = self.conns[wid]
-        with contextlib.suppress(EOFError, OSError):
-            while conn.poll():  # a start-up failure it reported before dying explains it
-                reply = _replies(conn.recv_bytes())[0]
-                if reply.kind == "init":
-                    where = f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
-                    raise_remote(reply.payload, where)
+    # -- a worker's death ---------------------------------------------------------------------
+    def _died(self, wid: int) -> list[Reply]:
+        """Worker *wid* is gone. Within the pass's restarts, a new worker takes its place and
+        its items (the replies it sent before dying are returned, to deliver); else, or when
+        one sample was being worked on at two deaths, raise :class:`WorkerDiedError`."""
+        last = self._last_words(wid)
         proc = self.procs[wid]
         proc.join(0.1)
         code = proc.exitcode
-        if code is None:
-            how = "closed its pipe"
-        elif code < 0:
-            try:
-                how = f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with code {code}"
-        msg = (
-            f"parallel stage {self.name!r}: worker {wid} of {self.workers} (pid {proc.pid}) "
-            f"{how} while holding {held(self.outstanding[wid])}"
-        )
+        what = f"{_how(code)} while holding {held(self.outstanding[wid])}"
+        death = f"worker {wid} of {self.workers} (pid {proc.pid}) {what}"
+        poison = self.lives.poison(self.outstanding[wid], f"pid {proc.pid} {_how(code)}")
+        if poison is None and self.lives.may_restart():
+            log.warning(
+                "pipeflow: parallel stage %r: %s; a new worker takes its place and its "
+                "items (restart %d of %d this epoch)",
+                self.name,
+                death,
+                self.lives.used,
+                self.lives.restarts,
+            )
+            self._replace(wid)
+            return last
+        self.broken = True
+        msg = f"parallel stage {self.name!r}: {poison or death}"
+        if poison is not None:
+            msg += f"; {death}"
+        elif self.lives.restarts:
+            msg += f"; restarts={self.lives.restarts} were spent this epoch"
         if code == -signal.SIGBUS:
             msg += (
                 "; SIGBUS in a worker usually means /dev/shm is full: enlarge it (e.g. "
                 "docker run --shm-size=8g) or lower max_in_flight"
             )
-        self.broken = True
         raise WorkerDiedError(msg, pid=proc.pid, exitcode=code)
+
+    def _last_words(self, wid: int) -> list[Reply]:
+        """What a dead worker sent that was not read yet: its replies (delivered as any
+        other), or a start-up failure, which explains the death and is raised."""
+        out: list[Reply] = []
+        conn = self.conns[wid]
+        with contextlib.suppress(EOFError, OSError):
+            while conn.poll():
+                for reply in _replies(conn.recv_bytes()):
+                    if reply.kind == "init":
+                        where = f"worker_init in worker {wid} (pid {self.procs[wid].pid})"
+                        raise_remote(reply.payload, where)
+                    got = self._receive(wid, reply)
+                    if got is not None:
+                        out.append(got)
+        return out
+
+    def _replace(self, wid: int) -> None:
+        """Start a new worker in dead worker *wid*'s place and send it the dead one's items
+        again, in the order they were sent (the one it was working on first)."""
+        held = self.outstanding[wid]
+        self._forget(wid)
+        self._start(wid)
+        self.head_since[wid] = time.monotonic()
+        tasks = [Task(self.pass_id, seq, self.epoch, item, None) for seq, item in held.items()]
+        with contextlib.suppress(OSError):  # dead again: collect() sees it
+            if self.concurrent:  # an event loop takes them in one message
+                self.conns[wid].send(tasks)
+                return
+            for task in tasks:
+                self.conns[wid].send(task)
+
+    def _forget(self, wid: int) -> None:
+        """Let go of dead worker *wid*: its pipe, its sentinel, its segments' names (a new
+        worker in its place gets new ones)."""
+        conn, proc = self.conns[wid], self.procs[wid]
+        self.by_fd.pop(conn.fileno(), None)
+        self.sentinels.pop(proc.sentinel, None)
+        conn.close()
+        if proc.is_alive():  # it closed its pipe but runs on: it can't be told anything
+            proc.kill()
+            proc.join(1.0)
+        if not self.keep_processes:
+            with contextlib.suppress(ValueError):  # still running after all: the OS reaps it
+                proc.close()
+        self.conns[wid] = self.procs[wid] = None
+        self.stale[wid] = 0
+        self.warm[wid] = False
+        self.unsent[wid] = []
+        self.lives.next_life(wid)
+
+    def _replace_the_dead(self) -> None:
+        """Between passes: a worker that died since (killed while idle) is let go, and a new
+        one starts when it is given its first item. Nothing was lost: no restart is used."""
+        for wid, proc in enumerate(self.procs):
+            if proc is not None and (not proc.is_alive() or _exiting(proc.pid)):
+                proc.join(1.0)  # a process ends when its last thread has: a moment more
+                log.warning(
+                    "pipeflow: parallel stage %r: worker %d of %d (pid %d) %s between "
+                    "passes; a new worker takes its place",
+                    self.name,
+                    wid,
+                    self.workers,
+                    proc.pid,
+                    _how(proc.exitcode),
+                )
+                self._last_words(wid)
+                self._forget(wid)
 
     def in_flight(self) -> str:
         parts = [
@@ -361,12 +469,15 @@ class ProcessPool(PoolDefaults):
         for c in conns:
             with contextlib.suppress(OSError, ValueError):
                 c.send(None)
-        deadline = time.monotonic() + STOP_GRACE
+        # A pass that failed (a death, a timeout) ends at once: no grace for a worker that
+        # may be stuck (a timeout) or frozen (SIGSTOP, which only SIGKILL ends).
+        grace = 0.0 if self.broken else STOP_GRACE
+        deadline = time.monotonic() + grace
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in procs:
             if p.is_alive():
-                p.terminate()
+                p.kill() if self.broken else p.terminate()
         for p in procs:
             p.join(0.3)
             if p.is_alive():
@@ -388,3 +499,25 @@ class ProcessPool(PoolDefaults):
         _segments.sweep(self.prefix)
         self.reader.close()
         self.freeze.release()
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process *pid*'s main thread has ended (Linux: it shows as a zombie while its
+    other threads end; ``waitpid`` reports the process only after them)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _how(code: int | None) -> str:
+    """How a worker ended, from its exit code (negative: the signal)."""
+    if code is None:
+        return "closed its pipe"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from pipeflow.errors import describe_indices
 from pipeflow.parallel._wire import Reply, describe_item
 
-__all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "PoolDefaults", "held"]
+__all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "PoolDefaults", "held", "named"]
 
 _pass_of, _seq = operator.attrgetter("pass_id"), operator.attrgetter("seq")  # of a Reply
 
@@ -42,6 +42,7 @@ class Pool(Protocol):
     closed: bool
     broken: bool  # a worker died: the pool can't be reused
     plain: bool  # an "ok" reply's payload is the result itself (nothing to decode or free)
+    trims: bool  # end_pass gives back memory kept for reuse (shared memory)
 
     def start_pass(self, max_in_flight: int) -> None:
         """Forget the tasks of an earlier pass; the next tasks belong to a new one."""
@@ -77,12 +78,31 @@ class Pool(Protocol):
     def in_flight(self) -> str:
         """The items out now, in words, for a timeout's message."""
 
+    def end_pass(self) -> None:
+        """A kept pool sat idle after a pass: give back what it keeps for reuse (called
+        from a timer thread, while no pass runs: see :class:`~pipeflow.parallel._kept.Kept`)."""
+
     def close(self) -> None:
         """Stop every worker and release everything (idempotent)."""
 
 
 def held(items: dict[int, Any]) -> str:
-    """Name the items a worker held: sample indices where they are indices."""
+    """Name the items a worker held: sample indices where they are indices.
+
+    Examples:
+        >>> held({3: [6, 7], 2: [4, 5]}), held({0: "a.jpg"}), held({})
+        ('sample indices [4, 5, 6, 7]', 'items [0]', 'no items')
+    """
+    flat, indices = named(items)
+    if not flat:
+        return "no items"
+    return f"sample indices {describe_indices(flat)}" if indices else f"items {flat}"
+
+
+def named(items: dict[int, Any]) -> tuple[list[Any], bool]:
+    """The sample indices of *items* (number -> item), in the order of their numbers, and
+    ``True``; or, when some item is not an index or a batch of them, the numbers and
+    ``False``."""
     flat: list[Any] = []
     for seq, item in sorted(items.items()):
         where = describe_item(item, seq)
@@ -91,14 +111,15 @@ def held(items: dict[int, Any]) -> str:
         elif "batch" in where:
             flat.extend(where["batch"])
         else:
-            return f"items {sorted(items)}"
-    return f"sample indices {describe_indices(flat)}" if flat else "no items"
+            return sorted(items), False
+    return flat, True
 
 
 class PoolDefaults:
     """What a pool has unless it does better: items sent one by one, as many out as may run."""
 
     plain = False
+    trims = False
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
         raise NotImplementedError
@@ -113,6 +134,9 @@ class PoolDefaults:
         return in_flight
 
     def rotate(self, first: int, ended: Any) -> None:
+        pass
+
+    def end_pass(self) -> None:
         pass
 
 

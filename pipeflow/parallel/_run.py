@@ -16,16 +16,17 @@ are its two stages.
 from __future__ import annotations
 
 import operator
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice, repeat
 from typing import Any
 
 from pipeflow._context import Context, Hooks
-from pipeflow._failure import Failure, WithDropped
-from pipeflow.errors import WorkerTimeoutError
+from pipeflow._failure import Failure, WithDropped, ended
+from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
 from pipeflow.parallel._kept import Kept, make_pool
-from pipeflow.parallel._protocol import Pool
+from pipeflow.parallel._protocol import Pool, held, named
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
 from pipeflow.state import numbered, recording
@@ -107,19 +108,14 @@ def _results(
     bound = pool.backlog(in_flight)
     sender = _Sender(pool, items, context, out, note)
     received = 0
+    clock = _Clock(config.timeout)
     while True:
         room = bound - (sender.sent - done[0])
         if room > 0:
             sender.fill(room)
         if sender.exhausted and not sender.waiting and received == sender.sent:
             return
-        got = pool.collect(config.timeout)
-        if got is None:
-            msg = (
-                f"parallel stage {pool.name!r}: no result within timeout={config.timeout} "
-                f"s; in flight: {pool.in_flight()}"
-            )
-            raise WorkerTimeoutError(msg)
+        got = _collect(pool, clock, sender, out)
         received += len(got)
         if stats is not None:  # queue occupancy and per-item times, for loader.stats()
             stats.in_flight += min(sender.sent - done[0], in_flight)
@@ -128,7 +124,63 @@ def _results(
             stats.task_ns.extend(took)
             stats.task_total_ns += sum(took)
         if got:
+            clock.reset()
             yield got
+
+
+class _Clock:
+    """The stage's ``timeout``: how long the wait for the next reply may still take. It runs
+    from when the pass starts waiting (not while the consumer holds a result) across every
+    call of ``collect`` (a wake to start a worker does not restart it); a reply resets it."""
+
+    __slots__ = ("deadline", "timeout")
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.deadline: float | None = None
+
+    def left(self) -> float | None:
+        if self.timeout is None:
+            return None
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + self.timeout
+        return max(0.0, self.deadline - now)
+
+    def reset(self) -> None:
+        self.deadline = None
+
+
+def _collect(pool: Pool, clock: _Clock, sender: _Sender, out: dict[int, Any]) -> list[Reply]:
+    """The next replies; a worker's death or a timeout ends the pass with an error that
+    names every item not delivered (those out now, and those never sent)."""
+    try:
+        got = pool.collect(clock.left())
+    except WorkerDiedError as e:
+        _name_lost(e, out, sender)
+        raise
+    if got is not None:
+        return got
+    pool.broken = True  # its workers may be stuck: stopped at once, and not kept
+    msg = (
+        f"parallel stage {pool.name!r}: no result within timeout={clock.timeout} s; in "
+        f"flight: {pool.in_flight()}"
+    )
+    error = WorkerTimeoutError(msg)
+    _name_lost(error, out, sender)
+    raise error
+
+
+def _name_lost(error: Any, out: dict[int, Any], sender: _Sender) -> None:
+    """Add to *error* (a pass-ending one) which items the pass will never deliver: those
+    sent and not delivered (*out*), and every one from the first never sent."""
+    flat, _ = named(out)
+    first = sender.first_unsent()
+    error.undelivered, error.unsent_from = tuple(flat), first
+    words = f"not delivered: {held(out)}" if out else "not delivered: no item in flight"
+    if first is not None:
+        words += f", and any item from item {first} of the pass on (never sent)"
+    error.args = (f"{error.args[0]}; {words}", *error.args[1:])
 
 
 class _Sender:
@@ -136,7 +188,18 @@ class _Sender:
     upstream in runs (those no worker had room for yet wait for the next turn), or, for
     source workers (no items), "your next item" while any of them has more."""
 
-    __slots__ = ("epoch", "exhausted", "items", "note", "out", "pool", "sent", "seq", "waiting")
+    __slots__ = (
+        "epoch",
+        "exhausted",
+        "items",
+        "note",
+        "out",
+        "pool",
+        "sent",
+        "seq",
+        "taken",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -152,6 +215,17 @@ class _Sender:
         self.sent = 0
         self.waiting: list[tuple[int, Any]] = []  # items taken that no worker had room for
         self.exhausted = False  # upstream has no more (sources: no worker has more)
+        self.taken = -1  # the number of the last item taken from upstream
+
+    def first_unsent(self) -> int | None:
+        """The number of the first item not sent yet (``None``: every item was sent)."""
+        if self.waiting:
+            return self.waiting[0][0]
+        if self.exhausted:
+            return None
+        if self.items is None:  # source workers: "your next item" is numbered in turn
+            return self.seq
+        return self.seq if self.taken < 0 else self.taken + 1
 
     def fill(self, room: int) -> None:
         """Send up to *room* items, as many as the workers take now."""
@@ -164,6 +238,8 @@ class _Sender:
             before = len(waiting)
             waiting.extend(islice(self.items, want))
             self.exhausted = len(waiting) - before < want
+            if waiting:
+                self.taken = waiting[-1][0]
         run = waiting if len(waiting) <= room else waiting[:room]
         taken = self.pool.submit_many(run, self.epoch) if run else 0
         if taken:
@@ -273,7 +349,7 @@ def _one_by_one(
             try:
                 value = pool.value(reply)
             except Exception as e:  # the item's own error, rebuilt here
-                value = Failure(e, _indices(item, reply.seq))
+                value = Failure(e, _indices(item, reply.seq), ends=ended(e))
             ones = _unpack(value)
             if every or (states is not None and reply.state is not None):  # noted before
                 states.track(reply.worker, reply.seq, len(ones), reply.kind, reply.state)

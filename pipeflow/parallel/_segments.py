@@ -12,19 +12,27 @@ This module names, creates, sizes and removes the files.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import mmap
 import os
 import tempfile
+import weakref
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 __all__ = [
     "ALIGN",
     "INLINE_LIMIT",
+    "KEEP_SHARE",
     "SHM_DIR",
     "Segment",
     "capacity",
     "discard",
+    "keep_budget",
+    "map_shared",
+    "not_inherited",
     "segment_prefix",
     "sweep",
     "write_segment",
@@ -34,6 +42,8 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 #: Results whose out-of-band buffers add up to less than this travel inline through the pipe.
 INLINE_LIMIT = 64 * 1024
 ALIGN = 64
+#: What a pool's workers keep for reuse adds up to at most this share of ``/dev/shm``.
+KEEP_SHARE = 0.25
 
 
 class Segment(NamedTuple):
@@ -51,8 +61,9 @@ class Segment(NamedTuple):
     capacity: int
 
 
-def segment_prefix(parent_pid: int, pool_id: int, worker_id: int | None = None) -> str:
-    """The file-name prefix of the segments of one pool (and one worker of it)."""
+def segment_prefix(parent_pid: int, pool_id: int, worker_id: int | str | None = None) -> str:
+    """The file-name prefix of the segments of one pool (and one worker of it: its id, or
+    ``"1r1"`` for the worker that took dead worker 1's place)."""
     prefix = f"pipeflow-{parent_pid}-{pool_id}-"
     return prefix if worker_id is None else f"{prefix}{worker_id}-"
 
@@ -72,6 +83,29 @@ def sweep(prefix: str) -> int:
             except OSError:
                 pass
     return n
+
+
+def keep_budget(workers: int) -> int:
+    """How many bytes of segments each of a pool's *workers* may keep for reuse: their
+    share of :data:`KEEP_SHARE` of ``/dev/shm``.
+
+    Kept segments make a result's pages cost nothing to make (writing pages that exist is a
+    plain copy); the budget keeps them from crowding out the results in flight on a small
+    ``/dev/shm`` (a container's 64 MB - 2 GB). A result too large for it travels in a
+    segment used once, as torch's batches do. A kept pool gives everything back at the end
+    of each pass.
+
+    Examples:
+        >>> import os
+        >>> st = os.statvfs(SHM_DIR)
+        >>> keep_budget(2) == int(st.f_blocks * st.f_frsize * KEEP_SHARE) // 2
+        True
+    """
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return int(st.f_blocks * st.f_frsize * KEEP_SHARE) // max(1, workers)
 
 
 def capacity(total: int) -> int:
@@ -136,6 +170,86 @@ def _write_all(fd: int, iov: list[Any], total: int) -> None:
             start += os.pwrite(fd, view[start:], pos + start)
         pos = end
         written = pos
+
+
+# -- the main process's mappings ---------------------------------------------------------------
+#: Every live mapping :func:`map_shared` made: address -> size.
+_MAPPED: dict[int, int] = {}
+_PROT = mmap.PROT_READ | mmap.PROT_WRITE
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library's ``mmap``, ``munmap`` and ``madvise``, or ``None`` where they can't be
+    had (then :func:`map_shared` uses Python's ``mmap``)."""
+    if not hasattr(mmap, "MADV_DONTFORK"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def map_shared(name: str, size: int) -> Any:
+    """Segment *name* mapped (its first *size* bytes) as a numpy ``uint8`` array, and the
+    file unlinked: the mapping alone keeps its pages, until the last view of it goes.
+
+    The mapping keeps no file descriptor (Python's ``mmap`` keeps a copy of one, which every
+    later fork inherits: its pages would then live as long as that process), and
+    :func:`not_inherited` can keep it out of a worker being forked.
+    """
+    import numpy as np
+
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        libc = _libc()
+        if libc is None:
+            return np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
+        addr = libc.mmap(None, size, _PROT, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    memory = (ctypes.c_char * size).from_address(addr)
+    _MAPPED[addr] = size
+    weakref.finalize(memory, _unmap, libc, addr, size)
+    return np.frombuffer(memoryview(memory), dtype=np.uint8)
+
+
+def _unmap(libc: Any, addr: int, size: int) -> None:
+    _MAPPED.pop(addr, None)
+    libc.munmap(addr, size)
+
+
+@contextlib.contextmanager
+def not_inherited(method: str) -> Iterator[None]:
+    """While a ``fork`` worker starts: the results' mappings are not copied into it.
+
+    Workers start one by one as results arrive (and a dead one's replacement mid-epoch): a
+    worker forked while the consumer held a result would otherwise keep that result's pages
+    in ``/dev/shm`` for its whole life (a persistent pool's: for good). Other forks (yours,
+    another library's) inherit them as usual.
+    """
+    libc = _libc() if method == "fork" else None
+    if libc is None:
+        yield
+        return
+    spans = list(_MAPPED.items())
+    for addr, size in spans:
+        libc.madvise(addr, size, mmap.MADV_DONTFORK)
+    try:
+        yield
+    finally:
+        for addr, size in spans:  # one unmapped meanwhile: madvise fails, harmlessly
+            libc.madvise(addr, size, mmap.MADV_DOFORK)
 
 
 def discard(segment: str | None) -> None:

@@ -18,13 +18,15 @@ from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 from pipeflow._rngs import KINDS
 from pipeflow._seeds import WORKERS_SLOT
 
-__all__ = ["COROUTINES_PER_WORKER", "MAX_WORKERS", "Settings", "settings"]
+__all__ = ["COROUTINES_PER_WORKER", "MAX_RESTARTS", "MAX_WORKERS", "Settings", "settings"]
 
 #: The default bound on coroutines in flight, per event loop: I/O waits, so many at once.
 COROUTINES_PER_WORKER = 64
 #: The most workers a pool may have: it starts them all at once, each a thread or a process
 #: (past a few thousand, a system's limits on threads and processes refuse them anyway).
 MAX_WORKERS = 4096
+#: The most worker restarts a pass may allow: a bound, not a way to loop on crashes forever.
+MAX_RESTARTS = 1_000
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Settings:
     coroutines: bool = False
     #: Which of a process worker's global generators a state saves (:mod:`pipeflow._rngs`).
     rng_state: str | None = "torch"
+    #: Process workers that may die in one pass and be replaced, their items sent again.
+    restarts: int = 0
 
     @property
     def in_flight(self) -> int:
@@ -122,6 +126,7 @@ _DEFAULTS = {
     "persistent": False,
     "round_robin": False,
     "rng_state": "torch",
+    "restarts": 0,
 }
 
 
@@ -140,6 +145,7 @@ def settings(
     round_robin: Any = False,
     coroutines: bool = False,
     rng_state: Any = "torch",
+    restarts: Any = 0,
 ) -> Settings:
     """Check the settings both parallel stages share; draw the seed when none is given. With
     *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
@@ -177,4 +183,17 @@ def settings(
         round_robin=_checks.boolean(name, "round_robin", round_robin),
         coroutines=coroutines,
         rng_state=_checks.one_of(name, "rng_state", rng_state, KINDS),
+        restarts=_restarts(name, restarts, backend),
     )
+
+
+def _restarts(name: str, restarts: Any, backend: str) -> int:
+    """``restarts``, checked: a count, for process workers only (a thread can't die alone)."""
+    count = _checks.integer(name, "restarts", restarts, low=0, high=MAX_RESTARTS)
+    if count and backend != "process":
+        msg = (
+            f"{name}: restarts applies to backend='process' only (got restarts={count} "
+            f"with backend={backend!r}): a thread worker can't die alone"
+        )
+        raise ValueError(msg)
+    return count

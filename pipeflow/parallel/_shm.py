@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copyreg
+import errno
 import io
 import math
 import mmap
@@ -67,13 +68,17 @@ class Writer:
     process, which keeps its mapping) and, once the main process reports that nothing there
     uses it any more, writes the next result into the same pages. Writing into pages that
     exist is a plain copy; a fresh segment makes the kernel allocate and zero every page,
-    which costs more than the copy itself. At most *keep* segments are kept; beyond that a
-    segment is used once and dropped, as when the consumer holds on to many batches.
+    which costs more than the copy itself. At most *keep* segments are kept, adding up to at
+    most *keep_bytes*; beyond that a segment is used once and dropped, as when the consumer
+    holds on to many batches. A kept pool's workers drop all of them when a pass ends
+    (:meth:`trim`).
     """
 
-    def __init__(self, prefix: str, keep: int = 16) -> None:
+    def __init__(self, prefix: str, keep: int = 16, keep_bytes: int | None = None) -> None:
         self.prefix = prefix
         self.keep = keep
+        #: kept segments may add up to this many bytes (default: see ``_segments.keep_budget``)
+        self.keep_bytes = _segments.keep_budget(1) if keep_bytes is None else keep_bytes
         self.count = 0
         self.fds: dict[int, int] = {}  # kept segments: id -> fd
         self.sizes: dict[int, int] = {}
@@ -117,13 +122,14 @@ class Writer:
         """The main process is done with these segments: they may be written again."""
         self.free.update(i for i in ids if i in self.fds)
 
-    def encode(self, obj: Any) -> tuple[bytes, Segment | None, list[Any], list[int]]:
+    def encode(self, obj: Any) -> tuple[bytes, Segment | None, list[Any], list[int], bool]:
         """Pickle *obj*; its large buffers go by shared memory, small ones inline.
 
         Returns:
-            ``(data, segment, layout, retired)``: *layout* has one ``(offset, nbytes)`` per
-            buffer, or, with no segment, the buffers themselves; *retired* names kept segments
-            the worker dropped (the main process drops its mapping of them).
+            ``(data, segment, layout, retired, piped)``: *layout* has one ``(offset, nbytes)``
+            per buffer, or, with no segment, the buffers themselves; *retired* names kept
+            segments the worker dropped (the main process drops its mapping of them);
+            *piped*: large buffers that go through the pipe, because ``/dev/shm`` is full.
         """
         buffers: list[pickle.PickleBuffer] = []
         out = io.BytesIO()
@@ -132,16 +138,31 @@ class Writer:
         pickler.dump(obj)
         data = out.getvalue()
         if not buffers:
-            return data, None, [], self._told()
+            return data, None, [], self._told(), False
         raws = [b.raw() for b in buffers]
         if sum(r.nbytes for r in raws) < INLINE_LIMIT:
-            return data, None, [bytearray(r) for r in raws], self._told()  # writable on arrival
+            inline = [bytearray(r) for r in raws]  # writable on arrival
+            return data, None, inline, self._told(), False
         if self.reserved is not None:
             placed = self._place(raws)
             if placed is not None:
                 used, self.reserved = self.reserved, None
-                return data, Segment(None, used, self.sizes[used]), placed, self._told()
+                return data, Segment(None, used, self.sizes[used]), placed, self._told(), False
             self.unreserve()
+        try:
+            segment, layout = self._in_segment(raws)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            # /dev/shm is full: this result goes through the pipe, and the free kept
+            # segments go back (once the main process reads that, the next ones may fit)
+            while self.free:
+                self._drop_free()
+            return data, None, [bytearray(r) for r in raws], self._told(), True
+        return data, segment, layout, self._told(), False
+
+    def _in_segment(self, raws: list[memoryview]) -> tuple[Segment, list[tuple[int, int]]]:
+        """Write *raws* into a free kept segment that fits, else a new one; its layout."""
         iov: list[Any] = []
         layout: list[tuple[int, int]] = []
         offset = 0
@@ -156,17 +177,31 @@ class Writer:
         reuse = self._reusable(offset)
         if reuse is not None:
             self._copy_into(reuse, iov)
-            return data, Segment(None, reuse, self.sizes[reuse]), layout, self._told()
+            return Segment(None, reuse, self.sizes[reuse]), layout
+        return self._new_segment(iov, offset, capacity(offset)), layout
+
+    def _new_segment(self, iov: list[Any], total: int, size: int) -> Segment:
+        """A new segment of *size* bytes holding *iov*: kept while the worker's budget (by
+        count and by bytes) has room, else used once."""
         name = f"{self.prefix}{self.count}"
-        seg_id = self.count if len(self.fds) < self.keep else -1
+        room = len(self.fds) < self.keep and sum(self.sizes.values()) + size <= self.keep_bytes
+        seg_id = self.count if room else -1
         self.count += 1
-        size = capacity(offset)
-        fd = write_segment(name, iov, offset, size)
+        fd = write_segment(name, iov, total, size)
         if seg_id < 0:
             os.close(fd)
         else:
             self.fds[seg_id], self.sizes[seg_id] = fd, size
-        return data, Segment(name, seg_id, size), layout, self._told()
+        return Segment(name, seg_id, size)
+
+    def trim(self) -> None:
+        """The pass ended: drop every kept segment (the main process dropped its mappings),
+        so that nothing of this worker stays in ``/dev/shm`` between passes."""
+        for seg_id in list(self.fds):
+            self._drop(seg_id)
+        self.free.clear()
+        self.retired.clear()
+        self.reserved = None
 
     def _told(self) -> list[int]:
         """The dropped segments, to tell the main process with this result."""
@@ -176,19 +211,29 @@ class Writer:
     def _reusable(self, total: int) -> int | None:
         """The smallest free kept segment that fits *total* bytes (taken off the free set).
 
-        When none fits and no more may be kept, the smallest free one is dropped to make room.
+        When none fits, free ones are dropped (the smallest first) to make room for a new
+        kept one: one when no more may be kept by count, as many as it takes by bytes.
         """
         fits = [i for i in self.free if self.sizes[i] >= total]
         if fits:
             best = min(fits, key=self.sizes.__getitem__)
             self.free.discard(best)
             return best
+        need = capacity(total)
         if self.free and len(self.fds) >= self.keep:
-            drop = min(self.free, key=self.sizes.__getitem__)
-            self.free.discard(drop)
-            self._drop(drop)
-            self.retired.append(drop)
+            self._drop_free()
+        if need <= self.keep_bytes:
+            while self.free and sum(self.sizes.values()) + need > self.keep_bytes:
+                self._drop_free()
         return None
+
+    def _drop_free(self) -> None:
+        """Drop the smallest free kept segment (the main process is told with the next
+        result)."""
+        drop = min(self.free, key=self.sizes.__getitem__)
+        self.free.discard(drop)
+        self._drop(drop)
+        self.retired.append(drop)
 
     def _place(self, raws: list[memoryview]) -> list[tuple[int, int]] | None:
         """The layout of *raws* in the reserved segment: buffers `empty` made there stay put,
@@ -275,6 +320,8 @@ class Reader:
         self.maps: dict[tuple[int, int], Any] = {}  # (worker, seg_id) -> uint8 array over it
         self.freed: collections.deque[tuple[int, int]] = collections.deque()  # any thread
         self.pending: dict[int, list[int]] = {}  # freed, not told to their worker yet
+        self.gone: set[int] = set()  # workers (their keys) that died: nothing goes back
+        self.closed = False
 
     def decode(self, wid: int, data: bytes, segment: Segment | None, layout: list[Any]) -> Any:
         """Rebuild what :meth:`Writer.encode` made in worker *wid*."""
@@ -291,28 +338,26 @@ class Reader:
         name, seg_id, capacity = segment
         if name is None:
             return self.maps[wid, seg_id]
-        path = os.path.join(_segments.SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR)
-        try:
-            mm = mmap.mmap(fd, capacity)
-        finally:
-            os.close(fd)
-            os.unlink(path)
-        import numpy as np
-
-        base = np.frombuffer(mm, dtype=np.uint8)
+        base = _segments.map_shared(name, capacity)
         if seg_id >= 0:
             self.maps[wid, seg_id] = base
         return base
 
     def discard(self, wid: int, segment: Segment | None) -> None:
-        """A result that will not be decoded: its segment goes back (or away) unread."""
+        """A result that will not be decoded: its segment goes back (or away) unread.
+
+        Safe at any time: after :meth:`close` (a generator finalised at interpreter exit,
+        after the pool was closed), after :meth:`trim` or :meth:`forget`, a segment the
+        worker will not use again is only unlinked.
+        """
         if segment is None:
             return
         name, seg_id, _ = segment
-        if seg_id < 0:
+        if seg_id < 0 or self.closed or wid in self.gone:
             _segments.discard(name)
             return
+        if name is None and (wid, seg_id) not in self.maps:
+            return  # mapped before a trim: the worker dropped it too
         with contextlib.suppress(OSError):
             self._map(wid, segment)
         self.freed.append((wid, seg_id))
@@ -326,10 +371,27 @@ class Reader:
         """The segments of worker *wid* no longer used here, to tell it (None: none)."""
         while self.freed:  # leases die in any thread: sort what they left by worker
             w, seg_id = self.freed.popleft()
-            self.pending.setdefault(w, []).append(seg_id)
+            if w not in self.gone:
+                self.pending.setdefault(w, []).append(seg_id)
         return self.pending.pop(wid, None)
 
+    def trim(self) -> None:
+        """The pass ended and every worker drops its kept segments: drop the mappings too
+        (a result still in use keeps its own), so that ``/dev/shm`` holds nothing of the
+        pool's between passes but what the consumer still holds."""
+        self.maps.clear()
+        self.pending.clear()
+
+    def forget(self, wid: int) -> None:
+        """Worker *wid* (a key never used again) died: drop its mappings; segments its
+        results still use are not handed to anyone when they are freed."""
+        self.gone.add(wid)
+        self.pending.pop(wid, None)
+        for key in [k for k in self.maps if k[0] == wid]:
+            del self.maps[key]
+
     def close(self) -> None:
+        self.closed = True
         self.maps.clear()
         self.freed.clear()
         self.pending.clear()

@@ -127,6 +127,11 @@ def parallel_source(
     With ``ordered=True`` the items come worker 0, worker 1, ..., worker 0, ...; a worker
     that runs out drops out of the rotation. Arguments as for :func:`parallel_map`.
 
+    A worker process that dies ends the pass with :class:`~pipeflow.WorkerDiedError` (its
+    replica's stream can't be taken up where it stopped, so there is no ``restarts``), and
+    :func:`~pipeflow.ignore_errors` never drops it, nor an error that ended a replica's
+    stream: the items the replica would have made after it were never made.
+
     Examples:
         >>> import pipeflow as pf
         >>> class Shard:

@@ -109,7 +109,8 @@ class ThreadPool(InProcessPool):
         for q in {id(q): q for q in self.queues}.values():
             for _ in range(self.workers):
                 q.put(None)
-        deadline = time.monotonic() + STOP_GRACE
+        # After a timeout a thread may be stuck in user code: the error must not wait on it.
+        deadline = time.monotonic() + (0.0 if self.broken else STOP_GRACE)
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
         # A thread stuck in user code can't be stopped; it is a daemon and holds no process.

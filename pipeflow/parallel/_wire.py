@@ -22,6 +22,7 @@ __all__ = [
     "RemoteError",
     "Reply",
     "Task",
+    "Trim",
     "describe_item",
     "raise_remote",
     "remote_error",
@@ -49,12 +50,22 @@ class Task(NamedTuple):
 
 
 class Encoded(NamedTuple):
-    """A result pickled by :class:`~pipeflow.parallel._shm.Writer`."""
+    """A result pickled by :class:`~pipeflow.parallel._shm.Writer` (*piped*: its large
+    buffers came through the pipe, because ``/dev/shm`` was full)."""
 
     data: bytes
     segment: Segment | None
     layout: list[Any]
     retired: list[int]
+    piped: bool = False
+
+
+class Trim(NamedTuple):
+    """Sent to a kept pool's workers when a pass ends: drop every kept shared-memory segment
+    (the main process dropped its mappings), so nothing stays in ``/dev/shm`` between passes.
+    """
+
+    pass_id: int
 
 
 class RemoteError(NamedTuple):

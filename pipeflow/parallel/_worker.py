@@ -36,6 +36,7 @@ from pipeflow.parallel._wire import (
     PassNote,
     Reply,
     Task,
+    Trim,
     describe_item,
     remote_error,
 )
@@ -424,16 +425,20 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
     job, info, told_torch = started
     worker_id = spec.worker_id
     send, recv = conn.send_bytes, conn.recv
-    writer = Writer(spec.prefix)
+    writer = Writer(spec.prefix, keep_bytes=_segments.keep_budget(spec.num_workers))
     writer.activate()
     snap = Snapshotter(job, spec.rng_state, own=True)
     while True:
         try:
-            task: Task | None = recv()
+            task: Task | Trim | None = recv()
         except (EOFError, OSError):
             break
         if task is None:
             break
+        if task.__class__ is Trim:  # the pass ended: nothing kept in /dev/shm
+            writer.trim()
+            continue
+        assert isinstance(task, Task)
         if task.freed:
             writer.release(task.freed)
         if not told_torch:
