@@ -376,7 +376,8 @@ def test_the_dataloader_replaces_a_persistent_worker_killed_between_epochs(no_le
     dl = pf.DataLoader(Numbers(), batch_size=4, num_workers=2, persistent_workers=True)
     try:
         first = [b.tolist() for b in dl]
-        pid = dl._pf_loader.resources[0]["pool"].pool.procs[1].pid  # type: ignore[union-attr]
+        kept = next(r["pool"] for r in dl.pipeline().resources.values() if "pool" in r)
+        pid = kept.pool.procs[1].pid
         os.kill(pid, signal.SIGKILL)
         wait_dead(pid)
         assert [b.tolist() for b in dl] == first

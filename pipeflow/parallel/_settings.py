@@ -130,6 +130,23 @@ _DEFAULTS = {
 }
 
 
+def _check_mp_context(name: str, mp_context: Any, backend: Any) -> None:
+    """*mp_context*: ``None``, a start method's name, or a multiprocessing context."""
+    if mp_context is None:
+        return
+    if backend != "process":
+        msg = f"{name}: mp_context applies to backend='process' only (got {mp_context!r})"
+        raise ValueError(msg)
+    if isinstance(mp_context, str):
+        _checks.one_of(name, "mp_context", mp_context, multiprocessing.get_all_start_methods())
+    elif not isinstance(mp_context, multiprocessing.context.BaseContext):
+        msg = (
+            f"{name}: mp_context must be a start method name or a multiprocessing context "
+            f"(got {type(mp_context).__name__})"
+        )
+        raise TypeError(msg)
+
+
 def settings(
     name: str,
     *,
@@ -152,18 +169,7 @@ def settings(
     worker's event loop awaits it before its first item."""
     workers = _checks.integer(name, "workers", workers, low=0, high=MAX_WORKERS)
     _checks.one_of(name, "backend", backend, ("thread", "process"))
-    if mp_context is not None:
-        if backend != "process":
-            msg = f"{name}: mp_context applies to backend='process' only (got {mp_context!r})"
-            raise ValueError(msg)
-        if isinstance(mp_context, str):
-            _checks.one_of(name, "mp_context", mp_context, multiprocessing.get_all_start_methods())
-        elif not isinstance(mp_context, multiprocessing.context.BaseContext):
-            msg = (
-                f"{name}: mp_context must be a start method name or a multiprocessing context "
-                f"(got {type(mp_context).__name__})"
-            )
-            raise TypeError(msg)
+    _check_mp_context(name, mp_context, backend)
     return Settings(
         workers=workers,
         backend=backend,
