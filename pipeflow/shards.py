@@ -318,9 +318,10 @@ def shards(
             file system that lists). Listed once, when the source is built.
         seed: the shuffle's seed; ``None`` draws one (it travels in a state).
         shuffle: shuffle the shards every epoch, from ``(seed, epoch)``.
-        rank, world_size: this rank and the number of ranks; ``None`` asks
-            ``torch.distributed`` (else ``RANK`` / ``WORLD_SIZE``, else 0 and 1) when each
-            pass starts.
+        rank: this rank; ``None`` asks ``torch.distributed`` (else ``RANK``, else 0) when
+            each pass starts.
+        world_size: the number of ranks; ``None`` asks ``torch.distributed`` (else
+            ``WORLD_SIZE``, else 1) when each pass starts.
         sizes: each shard's number of samples (a list in the order of *urls*, or a mapping
             from name to size), when known: with it every rank can be given the same number
             of samples.

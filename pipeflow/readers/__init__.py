@@ -153,7 +153,9 @@ def read_parquet(
 
     Args:
         columns: the columns to read, or ``None`` for all.
-        prefetch, retries, storage_options: as for :func:`read_tar`.
+        prefetch: as for :func:`read_tar`.
+        retries: as for :func:`read_tar`.
+        storage_options: as for :func:`read_tar`.
 
     Examples:
         >>> import os, tempfile
