@@ -108,13 +108,17 @@ class _Stream(_FromIterable):
 
 class _Sampled(_FromSampler):
     """The facade's source for a map-style dataset: its sampler, read as torch's worker
-    iterator reads it (see :class:`_PrimedIter`)."""
+    iterator reads it (see :class:`_PrimedIter`) when *primed* (with workers; without, torch
+    reads the sampler as batches are made, as a plain pass does)."""
 
-    def __init__(self, sampler: Iterable[Any]) -> None:
+    def __init__(self, sampler: Iterable[Any], primed: bool) -> None:
         super().__init__(sampler, set_epoch=False)  # torch never calls set_epoch itself
+        self.primed = primed
         self.last: _PrimedIter | None = None
 
     def iterate(self, context: Any, hooks: Any = None) -> Iterator[Any]:
+        if not self.primed:  # a wrapper per index costs a 0-worker loader a quarter of its rate
+            return super().iterate(context, hooks)
         self.last = _PrimedIter(super().iterate(context, hooks))
         return self.last
 

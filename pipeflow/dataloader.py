@@ -224,7 +224,8 @@ class DataLoader(tud.DataLoader[T_co]):
         one is saved and restored), ``fetch`` and ``collate``; with workers (or out of
         order), those two in ``parallel_map``."""
         size = self.batch_size if type(self.batch_sampler) is tud.BatchSampler else None
-        self._pf_sampled = _Sampled(self._index_sampler if size is None else self.sampler)
+        sampler = self._index_sampler if size is None else self.sampler
+        self._pf_sampled = _Sampled(sampler, primed=self.num_workers > 0)
         loader: Loader[Any] = Loader(self._pf_sampled)
         if size is not None:
             loader = loader | batch(operator.index(size), drop_last=bool(self.drop_last))
