@@ -88,3 +88,15 @@ def test_a_state_taken_between_epochs_resumes_the_next_one() -> None:
     whole = uninterrupted(case, epochs=2)
     got, rest = interrupted(case, len(whole[0]), epochs=2)
     assert got == whole[0] and rest[0] == [] and rest[1:] == whole[1:]
+
+
+@pytest.mark.parametrize("kind", ["plain_stream", "stream"])
+def test_a_worker_that_had_run_out_starts_the_next_epoch_afresh(kind: str) -> None:
+    # Out of order, worker 0 ran out first: the resumed pass gives it no task, so what it
+    # restores is for its next pass, which starts at the beginning of its replica (it once
+    # skipped its old count there, and the next epoch lost worker 0's batches).
+    case = Case(kind, 7, 3, workers=2, persistent=True, shuffle=False, in_order=False)
+    whole = uninterrupted(case, epochs=1)
+    got, rest = interrupted(case, len(whole[0]), epochs=1)
+    assert rest[0] == []
+    assert _sorted(rest[1]) == _sorted(whole[1])

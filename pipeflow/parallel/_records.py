@@ -153,6 +153,9 @@ class SourceRecord:
         self.restores = _restores(base, self.workers)
         self.turn = (saved or {}).get("turn", 0)
         self.ended = [w for w, v in (base or {}).items() if v["ended"]]
+        for w in self.ended:  # given no task this pass: what it restores is for its next one
+            assert self.restores is not None
+            self.restores[w]["count"] = 0  # as ended_record leaves it
 
     def watch(self, consumed: Any) -> None:
         """As :meth:`MapRecord.watch`."""
