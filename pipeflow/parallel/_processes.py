@@ -21,6 +21,7 @@ import signal
 import time
 from typing import Any
 
+from pipeflow._spawning import death_hint, refuse_nested, started_from, stop_if_importing_main
 from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, prepared
@@ -73,6 +74,9 @@ class ProcessPool(PoolDefaults):
         *concurrent*: each worker runs many tasks at once (event loops), so it gets its full
         share of ``max_in_flight`` from the start and is never taken for stuck behind a slow
         task; *restarts*: how many dead workers a pass may replace (see :meth:`_died`)."""
+        refuse_nested(name)  # a worker process may not have children
+        stop_if_importing_main(name)  # a spawned worker running the script's top level
+        self.started = started_from()  # the script's line, for death_hint
         workers = spec.num_workers
         self.target = target
         self.concurrent = concurrent
@@ -374,6 +378,8 @@ class ProcessPool(PoolDefaults):
             msg += f"; {death}"
         elif self.lives.restarts:
             msg += f"; restarts={self.lives.restarts} were spent this epoch"
+        if not self.warm[wid] and code is not None and code > 0:  # died while starting
+            msg += death_hint(self.method, self.started)
         if code == -signal.SIGBUS:
             msg += (
                 "; SIGBUS in a worker usually means /dev/shm is full: enlarge it (e.g. "
