@@ -91,8 +91,9 @@ def test_workers_started_without_the_main_guard_say_where_the_guard_goes(
     lines = done.stderr.strip().splitlines()
     assert lines[-1].startswith("pipeflow.errors.WorkerDiedError: parallel stage 'parallel_map'")
     assert "exited with code 1 while holding sample indices [" in lines[-1]
+    assert "; not delivered: " in lines[-1]  # what the pass lost, then what to do, last
     assert lines[-1].endswith(
-        f"]. Under {method!r} each worker imports the main script (train.py) again, and its line 8, "
+        f". Under {method!r} each worker imports the main script (train.py) again, and its line 8, "
         'which started these workers, is not under `if __name__ == "__main__":`: every worker '
         "would start workers of its own. Put the code that iterates the loader under that "
         "guard (functions and the loader itself may stay above it)"

@@ -378,14 +378,17 @@ class ProcessPool(PoolDefaults):
             msg += f"; {death}"
         elif self.lives.restarts:
             msg += f"; restarts={self.lives.restarts} were spent this epoch"
+        fix = ""
         if not self.warm[wid] and code is not None and code > 0:  # died while starting
-            msg += death_hint(self.method, self.started)
+            fix = death_hint(self.method, self.started)
         if code == -signal.SIGBUS:
-            msg += (
+            fix = (
                 "; SIGBUS in a worker usually means /dev/shm is full: enlarge it (e.g. "
                 "docker run --shm-size=8g) or lower max_in_flight"
             )
-        raise WorkerDiedError(msg, pid=proc.pid, exitcode=code)
+        error = WorkerDiedError(msg + fix, pid=proc.pid, exitcode=code)
+        error.fix = fix  # the pass adds what it lost before it
+        raise error
 
     def _last_words(self, wid: int) -> list[Reply]:
         """What a dead worker sent that was not read yet: its replies (delivered as any
