@@ -16,7 +16,8 @@ The conventions for ``docs/**/*.md``:
   typo.
 * Blocks run as the main module (``__name__ == "__main__"``), as a script would, so code under
   ``if __name__ == "__main__":`` runs too. Blocks with that guard that start worker processes
-  also run as a script under the ``spawn`` start method (macOS, Windows, Linux from 3.14).
+  also run as a script under the ``spawn`` start method (the default on macOS and Windows;
+  Linux's from Python 3.14, ``forkserver``, imports the script again too).
 * Shown output is checked in one of two ways:
 
   1. A block with ``>>>`` prompts is a doctest: what is shown under each prompt must match what
