@@ -24,15 +24,25 @@ check: lint types test docs
 # Editable, so the checkout's code is what runs. pyproject's `package-dir = {"" = "."}` makes
 # setuptools put the checkout on sys.path with a .pth file (its flat-layout default is an
 # import hook, which prints a warning box on every install).
+# pip says what it downloads and installs as it goes (Collecting, Downloading, Installing), so
+# the first run is never silent for minutes.
+PIP := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar on
+STEP := @printf '\n==> %s\n'
+
 $(BASE): pyproject.toml
+	$(STEP) "make: creating $(VENV) (first run only; then installing pip, torch and pipeflow)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e .
+	$(PIP) --quiet --upgrade pip
+	$(STEP) "make: installing $(TORCH_SPEC): a 190 MB download for the CPU build, about 750 MB installed"
+	$(PIP) $(TORCH_SPEC)
+	$(STEP) "make: installing pipeflow (editable) with numpy, tqdm and pillow"
+	$(PIP) -e .
 	touch $@
+	$(STEP) "make: $(VENV) is ready"
 
 $(FULL): $(BASE)
-	$(BIN)/python -m pip install --quiet -e ".[dev,docs,compat,plot,stream]"
+	$(STEP) "make: installing the checks' tools: pytest, hypothesis, ruff, mypy, mkdocs, lightning, accelerate, torchdata, matplotlib, fsspec, pyarrow"
+	$(PIP) -e ".[dev,docs,compat,plot,stream]"
 	touch $@
 
 lint: $(FULL)
