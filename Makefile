@@ -14,7 +14,7 @@ FULL := $(VENV)/.installed-full
 # mkdocs-material prints an end-of-life notice (May 2027) on every run; this turns it off.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: demo check lint types test docs serve bench clean
+.PHONY: demo check lint types test docs docs-offline serve bench clean
 
 demo: $(BASE)
 	$(BIN)/python -m pipeflow demo
@@ -58,6 +58,10 @@ test: $(FULL)
 docs: $(FULL)
 	$(MKDOCS) build --strict --site-dir site
 
+# A copy of the site to open as files (site-offline/index.html): links work from file://.
+docs-offline: $(FULL)
+	OFFLINE=true $(MKDOCS) build --strict --site-dir site-offline
+
 # The site with working links and search, at http://$(SERVE_ADDR); rebuilt on every save.
 serve: $(FULL)
 	$(MKDOCS) serve --dev-addr $(SERVE_ADDR)
@@ -66,4 +70,4 @@ bench: $(BASE)
 	$(BIN)/python -m pipeflow bench
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) site site-offline .pytest_cache .mypy_cache .ruff_cache .hypothesis
