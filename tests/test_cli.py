@@ -138,7 +138,9 @@ def test_bench_table_says_which_way_is_better_and_what_to_conclude() -> None:
     better = {line.split()[0]: line.split()[2] for line in lines[2:5]}
     assert better == {"fast": "higher", "start": "lower", "fork": "lower"}
     assert "NOT MET*" in lines[4]
-    assert lines[-2].endswith("; * within this run's spread (best vs worst repetition): one run can't say")
+    assert lines[-2].endswith(
+        "; * within this run's spread (best vs worst repetition): one run can't say"
+    )
     assert lines[-1] == (
         "reading: pipeflow beat torch in 3 of 3 rows; missed: 'start'; missed within this "
         "run's spread (*): 'fork'. A --quick run is short and noisy: rerun a suite in full "
@@ -196,7 +198,9 @@ def test_readme_tour_uses_what_it_defines() -> None:
     tree = ast.parse(tour[1])
     defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     called = {
-        n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
     }
     assert defined and defined <= called, f"defined, never used: {defined - called}"
 
