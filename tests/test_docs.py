@@ -449,6 +449,24 @@ def test_copy_button_copies_the_code_of_sessions() -> None:
     assert json.loads(done.stdout) == ["def f():\n    return 1\n\nf()"]
 
 
+def test_every_tutorial_step_ends_with_an_exercise_and_a_tested_answer() -> None:
+    steps = [p for p in PAGES if p.parent.name == "tutorial" and p.name != "index.md"]
+    assert len(steps) == 10
+    for path in steps:
+        text = path.read_text(encoding="utf-8")
+        assert "\n## Exercise\n" in text, f"{page_id(path)}: no exercise"
+        exercise = text.split("\n## Exercise\n", 1)[1].split("\n## ", 1)[0]
+        assert '??? example "Answer"' in exercise, f"{page_id(path)}: the answer is not folded"
+        answers = [b for b in parse_blocks(path) if b.lang == "python"]
+        assert any(b.text in exercise.replace("\n    ", "\n") for b in answers), page_id(path)
+
+
+def test_the_site_requests_no_web_fonts() -> None:
+    """Material loads Google's fonts unless told not to; offline, each page waits for them."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^theme:\n(  .*\n)*  font: false\n", config, flags=re.M)
+
+
 def test_reference_covers_every_public_name() -> None:
     documented = set()
     for page in (DOCS / "reference").glob("*.md"):
