@@ -166,18 +166,19 @@ def median(xs: list[float]) -> float:
 def table(rows: list[Row], quick: bool = False) -> str:
     """A plain-text table: medians, which way is better, ratio, whether the goal was met, the
     goal; then a tally and a one-line reading (see :func:`reading`; *quick*: of a short run)."""
+    w = max([44, *(len(r.workload) for r in rows)])
     head = (
-        f"{'workload':<44} {'unit':<10} {'better:':<7} {'pipeflow':>12} {'torch':>12} "
+        f"{'workload':<{w}} {'unit':<10} {'better:':<7} {'pipeflow':>12} {'torch':>12} "
         f"{'ratio':>7}  {'goal':<8}  target"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.workload:<44} {r.unit:<10} {'higher' if r.higher_is_better else 'lower':<7} "
+            f"{r.workload:<{w}} {r.unit:<10} {'higher' if r.higher_is_better else 'lower':<7} "
             f"{fmt(r.pipeflow):>12} {fmt(r.torch):>12} {r.ratio:>6.2f}x  {mark(r):<8}  {r.target}"
         )
         if r.note:
-            lines.append(f"{'':<44} {r.note}")
+            lines.append(f"{'':<{w}} {r.note}")
     lines.append(summary(rows))
     lines.append(reading(rows, quick))
     return "\n".join(lines)

@@ -49,7 +49,7 @@ def cpu_numpy(quick: bool) -> list[Row]:
     The 2-core ideal is twice the rate of the same pipeline (fetch, augment, collate) run on
     one core, timed in the same interleaved repetitions, as the machine is shared.
     """
-    n = 320 if quick else 2000
+    n = 192 if quick else 2000
     ds = data.NumpyAugment(n)
     work = pf.fetch(ds) | pf.collate()
     rates = compare(
@@ -93,7 +93,7 @@ def cpu_numpy(quick: bool) -> list[Row]:
 def cpu_python(quick: bool) -> list[Row]:
     """~1 ms/sample of pure Python (holds the GIL), 2 process workers each; the 2-core ideal
     is twice the one-core rate of the same loader, timed in the same runs."""
-    n = 240 if quick else 1500
+    n = 160 if quick else 1500
     ds = data.PythonWork(n)
     rates = compare(
         {
