@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--quick",
         action="store_true",
-        help="a short run: about a minute on 2 idle cores, noisier (default: the full run, "
-        "about 15 minutes)",
+        help="a short run, about a minute of CPU time: one to two minutes on 2 idle cores, "
+        "longer on a busy machine; noisier than the full run (default: full)",
     )
     bench.add_argument(
         "suites",
@@ -164,7 +164,7 @@ python -m pipeflow bench runs the benchmarks/ folder of pipeflow's source, which
 installed with the package (this pipeflow is at {where}).
 To run them, get the source and run the command from its folder, e.g.:
   git clone <pipeflow's repository> pipeflow && cd pipeflow
-  python -m pipeflow bench --quick     # with this environment's python: ~1 minute
+  python -m pipeflow bench --quick     # with this environment's python
 or, from a folder that has pipeflow's source, `pip install -e .` there first."""
 
 
