@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--quick",
         action="store_true",
-        help="a short run, about a minute of CPU time: one to two minutes on 2 idle cores, "
-        "longer on a busy machine; noisier than the full run (default: full)",
+        help="a short run, about a minute of CPU time (so about a minute on 2 idle cores, "
+        "longer on a busy machine); noisier than the full run (default: full)",
     )
     bench.add_argument(
         "suites",
