@@ -8,7 +8,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -76,10 +76,39 @@ def goal_met(row: Row) -> bool | None:
 
 
 def mark(row: Row) -> str:
-    """``"met"``, ``"NOT MET"``, or ``"?"`` (not checked) for *row*'s goal; ``""`` if none."""
+    """``"met"``, ``"NOT MET"``, or ``"?"`` (not checked) for *row*'s goal; ``""`` if none.
+    A ``*`` follows when the verdict is :func:`unsure`."""
     if not row.target:
         return ""
-    return {True: "met", False: "NOT MET", None: "?"}[goal_met(row)]
+    text = {True: "met", False: "NOT MET", None: "?"}[goal_met(row)]
+    return text + "*" if unsure(row) else text
+
+
+def unsure(row: Row) -> bool:
+    """Whether *row*'s verdict would flip between its best and its worst repetition (pipeflow's
+    best against torch's worst, and the other way round): the goal lies within the run's own
+    spread, so one run does not settle it.
+
+    Examples:
+        >>> row = Row("w", "s", 0.5, 1.0, "<= 0.5x", higher_is_better=False,
+        ...           samples={"pipeflow": [0.45, 0.5, 0.6], "torch": [1.0, 1.0, 1.0]})
+        >>> unsure(row), unsure(Row("w", "s", 0.2, 1.0, "<= 0.5x", higher_is_better=False))
+        (True, False)
+    """
+    pf, ref = row.samples.get("pipeflow"), row.samples.get("torch")
+    if row.met is not None or not pf or not ref or goal_met(row) is None:
+        return False
+    good, bad = (max, min) if row.higher_is_better else (min, max)
+    best = replace(row, pipeflow=good(pf), torch=bad(ref))
+    worst = replace(row, pipeflow=bad(pf), torch=good(ref))
+    return goal_met(best) != goal_met(worst)
+
+
+def better_than_torch(row: Row) -> bool | None:
+    """Whether pipeflow's median beat torch's (``None``: no torch value to compare)."""
+    if not row.torch or math.isnan(row.ratio):
+        return None
+    return row.ratio > 1 if row.higher_is_better else row.ratio < 1
 
 
 def count(batch: Any) -> int:
@@ -134,33 +163,61 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def table(rows: list[Row]) -> str:
-    """A plain-text table: medians, ratio, whether the goal was met, the goal; then a tally."""
+def table(rows: list[Row], quick: bool = False) -> str:
+    """A plain-text table: medians, which way is better, ratio, whether the goal was met, the
+    goal; then a tally and a one-line reading (see :func:`reading`; *quick*: of a short run)."""
+    w = max([44, *(len(r.workload) for r in rows)])
     head = (
-        f"{'workload':<44} {'unit':<10} {'pipeflow':>12} {'torch':>12} {'ratio':>7}  "
-        f"{'goal':<7}  target"
+        f"{'workload':<{w}} {'unit':<10} {'better:':<7} {'pipeflow':>12} {'torch':>12} "
+        f"{'ratio':>7}  {'goal':<8}  target"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.workload:<44} {r.unit:<10} {fmt(r.pipeflow):>12} {fmt(r.torch):>12} "
-            f"{r.ratio:>6.2f}x  {mark(r):<7}  {r.target}"
+            f"{r.workload:<{w}} {r.unit:<10} {'higher' if r.higher_is_better else 'lower':<7} "
+            f"{fmt(r.pipeflow):>12} {fmt(r.torch):>12} {r.ratio:>6.2f}x  {mark(r):<8}  {r.target}"
         )
         if r.note:
-            lines.append(f"{'':<44} {r.note}")
+            lines.append(f"{'':<{w}} {r.note}")
     lines.append(summary(rows))
+    lines.append(reading(rows, quick))
     return "\n".join(lines)
 
 
 def summary(rows: list[Row]) -> str:
     """One line: how many goals were met, missed, and not checked."""
-    marks = [mark(r) for r in rows if r.target]
+    marks = [mark(r).rstrip("*") for r in rows if r.target]
     text = f"goals: {marks.count('met')} of {len(marks)} met"
     if marks.count("NOT MET"):
         text += f", {marks.count('NOT MET')} NOT MET"
     if marks.count("?"):
         text += f", {marks.count('?')} not checked (?)"
+    if any(unsure(r) for r in rows):
+        text += "; * within this run's spread (best vs worst repetition): one run can't say"
     return text
+
+
+def reading(rows: list[Row], quick: bool = False) -> str:
+    """One line a user can act on: how often pipeflow beat torch, which goals were missed
+    (and which of those one run can't settle), and what to run to be sure."""
+    wins = [better_than_torch(r) for r in rows]
+    compared = [w for w in wins if w is not None]
+    text = f"reading: pipeflow beat torch in {compared.count(True)} of {len(compared)} rows"
+    missed = [r for r in rows if r.target and goal_met(r) is False]
+    if not missed:
+        return text + "; every goal checked was met"
+    firm = [r.workload.strip() for r in missed if not unsure(r)]
+    loose = [r.workload.strip() for r in missed if unsure(r)]
+    if firm:
+        text += f"; missed: {', '.join(map(repr, firm))}"
+    if loose:
+        text += f"; missed within this run's spread (*): {', '.join(map(repr, loose))}"
+    if quick:
+        return text + (
+            ". A --quick run is short and noisy: rerun a suite in full (python -m pipeflow "
+            "bench SUITE) before reading much into a miss"
+        )
+    return text + (". Those marked * may pass on a rerun" if loose else "")
 
 
 def fmt(x: float) -> str:
@@ -177,7 +234,8 @@ def cli(doc: str | None, run: Callable[[bool], list[Row]]) -> Callable[[list[str
     def main(argv: list[str] | None = None) -> int:
         parser = argparse.ArgumentParser(description=doc)
         parser.add_argument("--quick", action="store_true")
-        print(table(run(parser.parse_args(argv).quick)))
+        quick = parser.parse_args(argv).quick
+        print(table(run(quick), quick))
         return 0
 
     return main

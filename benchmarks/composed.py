@@ -29,8 +29,8 @@ from benchmarks._harness import Row, cli, compare, median
 
 
 def run(quick: bool) -> list[Row]:
-    ds = data.Points(20_000 if quick else 100_000)
-    reps = 5 if quick else 15
+    ds = data.Points(10_000 if quick else 100_000)
+    reps = 3 if quick else 15
 
     def composed() -> pf.Loader:
         return pf.indices(ds) | pf.shuffle(seed=0) | pf.batch(64) | pf.fetch(ds) | pf.collate()

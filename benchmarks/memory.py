@@ -27,7 +27,7 @@ still alive) minus the same sum just before ``iter(loader)``, so it includes sta
 "Dataset" is what building the list added to the subprocess. Run::
 
     python benchmarks/memory.py             # 300k items, about a minute
-    python benchmarks/memory.py --quick     # 100k items, about 25 s
+    python benchmarks/memory.py --quick     # 50k items, about 15 s
     python benchmarks/memory.py --variants  # also the experiments (EXPERIMENTS, FLAGS)
     python benchmarks/memory.py --only pipeflow+full-gc torch+full-gc  # torch and these
 
@@ -64,7 +64,7 @@ if not __package__:  # run as ``python benchmarks/memory.py``: make ``benchmarks
 from benchmarks._harness import Row
 
 ITEMS = 300_000
-QUICK_ITEMS = 100_000
+QUICK_ITEMS = 50_000
 BATCH_SIZE = 64
 WORKERS = 2
 INTERVAL = 0.05  # seconds between samples (one sample of three processes takes ~10 ms)
@@ -522,7 +522,7 @@ def results(
     """Measure torch's and pipeflow's loaders (with *variants*, the experiments too).
 
     Args:
-        quick: 100k items instead of 300k.
+        quick: 50k items instead of 300k.
         variants: also run ``EXPERIMENTS``.
         items: the number of items, overriding *quick*.
         only: run ``torch`` and these variants instead.

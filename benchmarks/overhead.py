@@ -16,12 +16,12 @@ from benchmarks._harness import Row, cli, epoch_rate, median
 
 
 def run(quick: bool) -> list[Row]:
-    ds = data.Points(20_000 if quick else 100_000)
+    ds = data.Points(10_000 if quick else 100_000)
     dl = pf.DataLoader(ds, batch_size=64)
     loader = dl.pipeline()
     ref = tud.DataLoader(ds, batch_size=64)
     on, off, torch_rates = [], [], []
-    for rep in range(7 if quick else 15):
+    for rep in range(5 if quick else 15):
         for enabled in (True, False) if rep % 2 else (False, True):
             loader.set_stats(enabled)
             (on if enabled else off).append(epoch_rate(dl)[0])

@@ -72,7 +72,7 @@ def stream(quick: bool) -> Row:
     batches = n // 64
     k = batches * 9 // 10
     pf_costs, torch_costs = [], []
-    for _ in range(3):
+    for _ in range(2 if quick else 3):
         loader = pf.DataLoader(Lines(n), batch_size=64, num_workers=2)
         start = time.perf_counter()
         for _ in loader:
@@ -121,7 +121,7 @@ def run(quick: bool) -> list[Row]:
     batches = n // 64
     k = batches * 9 // 10
     pf_costs, torch_costs = [], []
-    for _ in range(3):
+    for _ in range(2 if quick else 3):
         loader = pf.DataLoader(
             ds, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0)
         )

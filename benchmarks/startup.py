@@ -80,28 +80,37 @@ def measure(kind: str, method: str) -> float:
     return float(_child(["-m", "benchmarks.startup", "--child", kind, method], 120)["seconds"])
 
 
-def measure_loaders(kind: str, method: str, warm: bool = True) -> list[float]:
-    """Each loader's time to first batch, for three loaders built in turn in one process."""
+def measure_loaders(kind: str, method: str, warm: bool = True, loaders: int = 3) -> list[float]:
+    """Each loader's time to first batch, for *loaders* loaders built in turn in one process."""
     script = str(ROOT / "benchmarks" / "startup_script.py")
-    got = _child([script, kind, method], 300, PIPEFLOW_WARM_START="1" if warm else "0")
+    got = _child(
+        [script, kind, method, str(loaders)], 300, PIPEFLOW_WARM_START="1" if warm else "0"
+    )
     return [float(s) for s in got["seconds"]]
 
 
-def run_loaders(reps: int, methods: tuple[str, ...] = ("spawn", "forkserver")) -> list[Row]:
+def run_loaders(
+    reps: int, methods: tuple[str, ...] = ("spawn", "forkserver"), quick: bool = False
+) -> list[Row]:
     """The warm start's rows: the second and later loaders, and the first (also with the warm
-    start off, as pipeflow was before it), against torch's."""
+    start off, as pipeflow was before it), against torch's. *quick*: two loaders a script,
+    and no warm-start-off row (its workers import torch once each: the slowest part)."""
     rows = []
+    loaders = 2 if quick else 3
     for method in methods:
-        runs: dict[str, list[list[float]]] = {"pipeflow": [], "off": [], "torch": []}
+        kinds = ["pipeflow", "torch"] if quick else ["pipeflow", "off", "torch"]
+        runs: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
         for rep in range(reps):
             for kind in list(runs) if rep % 2 == 0 else reversed(list(runs)):
                 lib = "torch" if kind == "torch" else "pipeflow"
-                runs[kind].append(measure_loaders(lib, method, warm=kind != "off"))
+                runs[kind].append(measure_loaders(lib, method, kind != "off", loaders))
         for label, pf_kind, pick, target in (
             (f"time to first batch, second {method} loader", "pipeflow", slice(1, None), "<= 0.1x"),
             (f"time to first batch, first {method} loader", "pipeflow", slice(0, 1), ""),
             ("  the same, warm start off", "off", slice(0, 1), ""),
         ):
+            if pf_kind not in runs:
+                continue
             times = {
                 "pipeflow": [t for r in runs[pf_kind] for t in r[pick]],
                 "torch": [t for r in runs["torch"] for t in r[pick]],
@@ -125,9 +134,14 @@ def run(quick: bool) -> list[Row]:
     # were compiled at install; ours may not be where PYTHONDONTWRITEBYTECODE is set).
     compileall.compile_dir(ROOT / "pipeflow", quiet=1)
     compileall.compile_dir(ROOT / "benchmarks", quiet=1)
-    reps = 3 if quick else 7
+    # --quick: one run of each child, fork only, and the warm start's rows for spawn only
+    # (their first loader is the spawn row's measure, in a training script's setting). Every
+    # child imports torch, and each spawn worker of torch's imports it again: on 2 cores that
+    # is seconds each, which is where the full run's minutes go.
+    reps = 1 if quick else 7
     rows = []
-    for method, target in (("fork", "<= 0.5x"), ("spawn", "<= 0.1x")):
+    methods = (("fork", "<= 0.5x"),) if quick else (("fork", "<= 0.5x"), ("spawn", "<= 0.1x"))
+    for method, target in methods:
         times: dict[str, list[float]] = {"pipeflow": [], "torch": []}
         for rep in range(reps):
             for kind in ("pipeflow", "torch") if rep % 2 == 0 else ("torch", "pipeflow"):
@@ -143,6 +157,8 @@ def run(quick: bool) -> list[Row]:
                 samples=times,
             )
         )
+    if quick:
+        return rows + run_loaders(1, ("spawn",), quick=True)
     return rows + run_loaders(reps)
 
 

@@ -26,7 +26,7 @@ def _row(name: str, unit: str, rates: dict[str, list[float]], target: str, note:
 
 def single_process(quick: bool) -> list[Row]:
     """num_workers=0, batch 64, in-memory rows: the cost of the loader itself."""
-    n = 20_000 if quick else 100_000
+    n = 10_000 if quick else 100_000
     rows = []
     for cls, target in ((data.Points, ">= 3x"), (data.PointsBatched, ">= 10x")):
         ds = cls(n)
@@ -35,7 +35,7 @@ def single_process(quick: bool) -> list[Row]:
                 "pipeflow": lambda ds=ds: pf.DataLoader(ds, batch_size=64, shuffle=True),
                 "torch": lambda ds=ds: tud.DataLoader(ds, batch_size=64, shuffle=True),
             },
-            reps=5 if quick else 9,
+            reps=3 if quick else 9,
         )
         kind = "__getitems__" if cls is data.PointsBatched else "__getitem__"
         rows.append(_row(f"num_workers=0, {kind}, batch 64", "samples/s", rates, target))
@@ -49,7 +49,7 @@ def cpu_numpy(quick: bool) -> list[Row]:
     The 2-core ideal is twice the rate of the same pipeline (fetch, augment, collate) run on
     one core, timed in the same interleaved repetitions, as the machine is shared.
     """
-    n = 600 if quick else 2000
+    n = 192 if quick else 2000
     ds = data.NumpyAugment(n)
     work = pf.fetch(ds) | pf.collate()
     rates = compare(
@@ -93,7 +93,7 @@ def cpu_numpy(quick: bool) -> list[Row]:
 def cpu_python(quick: bool) -> list[Row]:
     """~1 ms/sample of pure Python (holds the GIL), 2 process workers each; the 2-core ideal
     is twice the one-core rate of the same loader, timed in the same runs."""
-    n = 400 if quick else 1500
+    n = 160 if quick else 1500
     ds = data.PythonWork(n)
     rates = compare(
         {
@@ -123,7 +123,7 @@ def io_latency(quick: bool) -> list[Row]:
     in flight can't be more than 2x; 5x needs at least 80 in flight. Threads are cheap, so the
     second row runs 128.
     """
-    n = 2000 if quick else 6000
+    n = 1000 if quick else 6000
     ds = data.Remote(n)
 
     def threads(k: int) -> Any:
@@ -168,7 +168,7 @@ def io_latency(quick: bool) -> list[Row]:
 
 def large_samples(quick: bool) -> list[Row]:
     """3x224x224 float32 samples from 2 process workers, batch 32: MB/s delivered."""
-    n = 640 if quick else 2560
+    n = 320 if quick else 2560
     ds = data.Images(n)
     nbytes = 3 * 224 * 224 * 4
     rates = compare(

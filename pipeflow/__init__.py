@@ -14,10 +14,12 @@ code needs it.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from pipeflow._context import Context
 from pipeflow._decorate import stage
+from pipeflow._hints import mark_public
 from pipeflow._objects import Stateful
 from pipeflow._stage import Source, Stage
 from pipeflow.batch import batch, unbatch
@@ -109,6 +111,20 @@ __all__ = [
     "to_device",
     "unbatch",
 ]
+
+
+def _check_keywords() -> None:
+    """Give the public functions Python 3.13's "Did you mean" for a misspelt keyword argument
+    (see :mod:`pipeflow._hints`). The collate functions, called once per batch, and whose
+    identity ``pf.DataLoader`` looks at, are left as they are."""
+    namespace = globals()
+    for name in __all__:
+        value = namespace.get(name)
+        if inspect.isfunction(value) and name not in ("default_collate", "default_convert"):
+            namespace[name] = mark_public(value, name)
+
+
+_check_keywords()
 
 
 def __getattr__(name: str) -> Any:

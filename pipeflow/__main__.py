@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         "pipeflow's and torch's medians, their ratio, the goal, and whether it was met.",
     )
     bench.add_argument(
-        "--quick", action="store_true", help="a short run, under two minutes (default: full)"
+        "--quick",
+        action="store_true",
+        help="a short run, about a minute of CPU time (so about a minute on 2 idle cores, "
+        "longer on a busy machine); noisier than the full run (default: full)",
     )
     bench.add_argument(
         "suites",
@@ -153,17 +156,53 @@ def main(argv: list[str] | None = None) -> int:
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
+#: The suites ``bench`` runs when none is named.
+SUITES = ["throughput", "composed", "startup", "resume", "overhead", "memory"]
+
+NO_CHECKOUT = """\
+python -m pipeflow bench runs the benchmarks/ folder of pipeflow's source, which is not
+installed with the package (this pipeflow is at {where}).
+To run them, get the source and run the command from its folder, e.g.:
+  git clone <pipeflow's repository> pipeflow && cd pipeflow
+  python -m pipeflow bench --quick     # with this environment's python
+or, from a folder that has pipeflow's source, `pip install -e .` there first."""
+
+
 def _bench(quick: bool, suites: list[str]) -> int:
-    """Run the suites in ``benchmarks/`` (next to this package in a checkout)."""
-    import importlib
-    import os
-    import warnings
+    """Run the suites in ``benchmarks/`` (next to this package in a checkout), saying when
+    each starts and how long it took, then print one table and its reading."""
+    import time
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     if not (root / "benchmarks" / "__init__.py").is_file():
-        print("python -m pipeflow bench runs the benchmarks/ folder of a pipeflow checkout")
+        print(NO_CHECKOUT.format(where=Path(__file__).resolve().parent), file=sys.stderr)
         return 2
+    harness = _bench_setup(root)
+    import importlib
+
+    rows = []
+    chosen = suites or SUITES
+    begun = time.perf_counter()
+    for k, name in enumerate(chosen, 1):
+        module = importlib.import_module(f"benchmarks.{name}")
+        print(f"[{k}/{len(chosen)}] {name} ...", end="", flush=True)
+        start = time.perf_counter()
+        got = module.run(quick)
+        print(f" {len(got)} rows in {time.perf_counter() - start:.0f} s", flush=True)
+        rows.extend(got)
+    print(f"all suites: {time.perf_counter() - begun:.0f} s\n")
+    print(harness.table(rows, quick))
+    return 0
+
+
+def _bench_setup(root: Any) -> Any:
+    """Make the checkout's ``benchmarks`` importable (here and in the suites' child processes),
+    quiet torch's worker-count warning, and return the harness module."""
+    import importlib
+    import os
+    import warnings
+
     sys.path.insert(0, str(root))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(root), os.environ.get("PYTHONPATH")])
@@ -178,14 +217,7 @@ def _bench(quick: bool, suites: list[str]) -> int:
         category=UserWarning,
         module="torch.utils.data.dataloader",
     )
-    harness = importlib.import_module("benchmarks._harness")
-    rows = []
-    for name in suites or ["throughput", "composed", "startup", "resume", "overhead", "memory"]:
-        module = importlib.import_module(f"benchmarks.{name}")
-        print(f"running {name} ...", flush=True)
-        rows.extend(module.run(quick))
-    print(harness.table(rows))
-    return 0
+    return importlib.import_module("benchmarks._harness")
 
 
 if __name__ == "__main__":

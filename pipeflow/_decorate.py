@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, overload
 
 from pipeflow import _checks
+from pipeflow._hints import did_you_mean
 from pipeflow._stage import LengthRule, Stage, _takes_keyword
 
 __all__ = ["stage"]
@@ -61,7 +62,7 @@ def stage(
         >>> add(amout=10)
         Traceback (most recent call last):
         ...
-        TypeError: stage 'add': got an unexpected keyword argument 'amout'
+        TypeError: stage 'add': got an unexpected keyword argument 'amout'. Did you mean 'amount'?
     """
     _check_options(name, length, positional)
     if fn is None:
@@ -87,6 +88,7 @@ def _make_factory(
         if "epoch" in kwargs and _takes_keyword(fn, "epoch"):
             msg = f"stage {stage_name!r}: 'epoch' is supplied by the loader; use set_epoch()"
             raise TypeError(msg)
+        _refuse_unknown(stage_name, config_sig, kwargs)
         try:
             bound = config_sig.bind(*args, **kwargs)
         except TypeError as e:
@@ -97,7 +99,20 @@ def _make_factory(
         skip: LengthRule = "same" if positional else None
         return Stage(fn, stage_name, _flatten(bound), length=length, skip=skip, factory=factory)
 
+    factory._pf_factory = True  # type: ignore[attr-defined]  # `| factory` says: call it
     return factory
+
+
+def _refuse_unknown(stage_name: str, sig: inspect.Signature, kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword argument *sig* does not take, with Python 3.13's "Did you mean"."""
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    names = [p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY]
+    for word in kwargs:
+        if word not in names:
+            msg = f"stage {stage_name!r}: got an unexpected keyword argument {word!r}."
+            raise TypeError(msg + did_you_mean(word, names))
 
 
 def _generator_signature(fn: Any) -> inspect.Signature:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._context import Context, Hooks
+from pipeflow._hints import not_iterable, operand_error
 from pipeflow._seeds import config_slots, config_with_seeds
 from pipeflow.state import Resume
 
@@ -284,13 +285,23 @@ class Stage(Generic[In, Out]):
     def __or__(self, other: object) -> Any:
         if isinstance(other, Stage):
             return Pipe((*self.stages, *other.stages))
-        return NotImplemented
+        if _has_ror(other):  # its own `|` may know a stage: let Python ask it
+            return NotImplemented
+        raise operand_error(self, other)  # Python would only name the two types
 
     def __ror__(self, other: object) -> Any:
         # Only reached when the left operand is not a pipeflow object (sources and loaders
-        # implement __or__ themselves). Raw data never enters through ``|``: a numpy array on
-        # the left would broadcast the operator element-wise.
-        return NotImplemented
+        # implement __or__ themselves) and its own `|` declined. Raw data never enters
+        # through ``|``: the message says which source to start from.
+        raise operand_error(other, self, stranger="left")
+
+    #: A numpy array on the left of ``|`` leaves the operator to the stage (which refuses it,
+    #: saying how data enters) instead of broadcasting it over its elements.
+    __array_ufunc__ = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # Defined only to say what to do: a stage is a recipe; a loader has the items.
+        raise not_iterable(self)
 
     # -- value semantics --------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -442,6 +453,13 @@ class Pipe(Stage[In, Out]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Pipe, (self._stages,))
+
+
+def _has_ror(other: object) -> bool:
+    """Whether *other*'s type has a reflected ``|`` of its own (a set, a numpy array)."""
+    # In the classes' own dicts: getattr on a class would find the metaclass's ``type.__ror__``
+    # (``int | None``), which every class has.
+    return any(vars(c).get("__ror__") is not None for c in type(other).__mro__)
 
 
 def _no_fn(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - never called

@@ -7,6 +7,7 @@ The collate functions themselves, drop-in and faster versions of torch's, live i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from pipeflow import _checks
 from pipeflow._collate_torch import default_collate
 from pipeflow._convert import default_convert
 from pipeflow._stage import Stage
+from pipeflow.errors import _add_note
 from pipeflow.pad import padded_collate
 
 __all__ = ["collate", "default_collate", "default_convert"]
@@ -94,8 +96,51 @@ def collate(
 
 
 def _collate_default(batches: Iterable[Any]) -> Iterator[Any]:
-    return map(default_collate, batches)
+    # map, not a generator: after a failed batch, the next one is collated (the pass goes on)
+    return map(_one_default, batches)
 
 
 def _collate_with(batches: Iterable[Any], fn: Callable[[Any], Any]) -> Iterator[Any]:
-    return map(fn, batches)
+    return map(functools.partial(_one_with, fn), batches)
+
+
+def _one_default(batch: Any) -> Any:
+    try:
+        return default_collate(batch)
+    except Exception as error:
+        _hint_unbatched(error, batch)
+        raise
+
+
+def _one_with(fn: Callable[[Any], Any], batch: Any) -> Any:
+    try:
+        return fn(batch)
+    except Exception as error:
+        _hint_unbatched(error, batch)
+        raise
+
+
+def _hint_unbatched(error: Exception, batch: Any) -> None:
+    """Say, in a note on *error*, what to do when collate failed on something that is not a
+    list of samples: most likely one sample, with no ``pf.batch`` before ``pf.collate()``.
+
+    Examples:
+        >>> import numpy as np
+        >>> import pipeflow as pf
+        >>> samples = [(np.zeros(3), 0), (np.ones(3), 1)]  # (x, y) pairs
+        >>> try:
+        ...     list(pf.indices(2) | pf.fetch(samples) | pf.collate())
+        ... except RuntimeError as e:
+        ...     for note in e.__notes__:
+        ...         print(note)
+        pipeflow: collate takes a batch, a list of samples, but got a tuple: if that is one
+        sample, put pf.batch(n) before pf.collate()
+        pipeflow: stage 'collate' failed on sample index 0 (epoch 0)
+    """
+    if isinstance(batch, list):
+        return
+    note = (
+        f"pipeflow: collate takes a batch, a list of samples, but got a {type(batch).__name__}"
+        ": if that is one sample, put pf.batch(n) before pf.collate()"
+    )
+    _add_note(error, note)

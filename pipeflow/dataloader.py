@@ -33,12 +33,16 @@ from pipeflow._facade import (
     check_settings,
     in_order_flag,
 )
+from pipeflow._hints import checked_keywords
+from pipeflow._stage import Stage
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import _accelerator, pin_memory
 from pipeflow.fetch import fetch
+from pipeflow.ignore import _IgnoreErrors, ignore_errors
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
+from pipeflow.stats import DATALOADER_KNOBS, Stats
 
 __all__ = ["DataLoader"]
 
@@ -60,7 +64,16 @@ class DataLoader(tud.DataLoader[T_co]):
 
     Same signature, same validation, same attributes and the same batches as torch's (with the
     same seeded ``generator``) — see torch's documentation for every argument. What changes is
-    what runs underneath: the pipeline :meth:`pipeline` returns.
+    what runs underneath: the pipeline :meth:`pipeline` returns. One keyword-only argument
+    comes after torch's, and changes nothing unless it is given:
+
+    Args:
+        ignore_errors: skip bad samples instead of raising: ``True`` drops every sample whose
+            ``dataset[i]`` (or ``collate_fn``) raised an ``Exception``, and the batch goes on
+            shorter; ``pf.ignore_errors(exceptions=..., max_count=..., max_fraction=...)``
+            chooses the exception types and a budget per epoch. Drops are counted in
+            :meth:`stats` and logged once per epoch (see :func:`pipeflow.ignore_errors`).
+            ``False`` (the default): a failed batch raises at its turn, as with torch.
 
     Examples:
         >>> import torch, pipeflow as pf
@@ -73,8 +86,18 @@ class DataLoader(tud.DataLoader[T_co]):
         True
         >>> isinstance(dl, torch.utils.data.DataLoader), len(dl)
         (True, 3)
+        >>> class Files(torch.utils.data.Dataset):
+        ...     def __len__(self):
+        ...         return 6
+        ...     def __getitem__(self, i):
+        ...         if i == 2:
+        ...             raise OSError(f"file {i} is cut short")
+        ...         return i
+        >>> [b.tolist() for b in pf.DataLoader(Files(), batch_size=4, ignore_errors=True)]
+        [[0, 1, 3], [4, 5]]
     """
 
+    @checked_keywords
     def __init__(
         self,
         dataset: tud.Dataset[T_co],
@@ -95,6 +118,7 @@ class DataLoader(tud.DataLoader[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        ignore_errors: bool | Stage[Any, Any] = False,
     ) -> None:
         super().__init__(
             dataset,
@@ -117,11 +141,10 @@ class DataLoader(tud.DataLoader[T_co]):
         )
         if not _TORCH_HAS_IN_ORDER:  # pragma: no cover - torch < 2.6
             self.in_order = in_order
-        self._pf_init()
-        check_settings(self)  # what torch's checks let through, that no pass could run with
+        self._pf_setup(ignore_errors)
 
-    def _pf_init(self) -> None:
-        """pipeflow's own attributes (torch's are set by its constructor)."""
+    def _pf_setup(self, ignore_errors: bool | Stage[Any, Any]) -> None:
+        """pipeflow's part of the constructor: its state, its own argument, its checks."""
         self._pf_drawn = False
         self._pf_base_seed: int | None = None  # the workers' base seed, drawn at a pass start
         self._pf_rng_at_start: dict[str, Any] | None = None
@@ -130,6 +153,8 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_loader: Loader[Any] | None = None
         self._pf_sampled: _Sampled | None = None
         self._pf_stream: _Stream | None = None
+        self.ignore_errors = skipping(ignore_errors)
+        check_settings(self)  # what torch's checks let through, that no pass could run with
 
     # -- the pipeline ----------------------------------------------------------------------
     def pipeline(self) -> Loader[Any]:
@@ -148,6 +173,7 @@ class DataLoader(tud.DataLoader[T_co]):
             self.timeout,
             self.worker_init_fn,
             self.multiprocessing_context,
+            self.ignore_errors,
         )
         if self._pf_loader is not None and key == self._pf_key:
             return self._pf_loader
@@ -158,6 +184,9 @@ class DataLoader(tud.DataLoader[T_co]):
             loader = self._iterable_pipeline(collate_fn, workers)
         else:
             loader = self._map_pipeline(collate_fn, workers)
+        dropping = skipping(self.ignore_errors)
+        if dropping is not False:  # after the workers: they mark failed samples, it drops
+            loader = loader | (ignore_errors() if dropping is True else dropping)
         if self.pin_memory and _accelerator():
             loader = loader | pin_memory()  # in a background thread, as torch does
         if self._pf_loader is not None:  # keep the epoch count across a rebuild
@@ -282,9 +311,23 @@ class DataLoader(tud.DataLoader[T_co]):
             return _WorkerIter(it, self.timeout, _Workers(loader.resources, loader.epoch), paced)
         return it
 
-    def stats(self) -> Any:
-        """The statistics of the pipeline this DataLoader runs (see ``Loader.stats``)."""
-        return self.pipeline().stats()
+    def stats(self) -> Stats:
+        """Per-stage counts and times of the pipeline this DataLoader runs, and the bottleneck.
+
+        ``print(dl.stats())`` shows a table, one row per stage of :meth:`pipeline` (the
+        sampler, ``batch``, ``fetch`` and ``collate``, or ``parallel_map`` that runs those two
+        in the workers), the time the training loop waited, and what to try, in this class's
+        words (``num_workers``, ``prefetch_factor``). See :meth:`pipeflow.Loader.stats` and
+        the how-to "Find the bottleneck with stats()".
+
+        Examples:
+            >>> import torch, pipeflow as pf
+            >>> dl = pf.DataLoader(torch.arange(10.0), batch_size=4)
+            >>> _ = list(dl)
+            >>> [(s.name, s.items) for s in dl.stats().stages]
+            [('from_sampler', 10), ('batch', 3), ('fetch', 3), ('collate', 3)]
+        """
+        return self.pipeline().stats().advising(DATALOADER_KNOBS)
 
     # -- resumption (torchdata's StatefulDataLoader interface) ---------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -386,3 +429,15 @@ class DataLoader(tud.DataLoader[T_co]):
                     msg += _REPLICA_HINT
                 warnings.warn(msg, stacklevel=2)
             yield item
+
+
+def skipping(value: Any) -> bool | Stage[Any, Any]:
+    """*value*, which ``ignore_errors=`` takes: a bool, or a ``pf.ignore_errors(...)`` stage."""
+    if isinstance(value, (bool, _IgnoreErrors)):
+        return value
+    msg = (
+        "DataLoader: ignore_errors must be True, False or pf.ignore_errors(...) "
+        f"(got {value!r}); pf.ignore_errors(exceptions=OSError, max_count=10) drops only "
+        "OSErrors, at most 10 an epoch"
+    )
+    raise TypeError(msg)

@@ -57,6 +57,7 @@ class _EndsThePass:
 
     undelivered: tuple[Any, ...] = ()
     unsent_from: int | None = None
+    fix: str = ""  # the message's last sentence, what to do: kept last when more is added
 
 
 class WorkerDiedError(_EndsThePass, PipeflowError):

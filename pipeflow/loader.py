@@ -11,11 +11,12 @@ from typing import Any, Generic, TypeVar, overload
 from pipeflow import _checks
 from pipeflow._chain import run
 from pipeflow._context import Context
+from pipeflow._hints import operand_error
 from pipeflow._layout import layout
 from pipeflow._plan import PassPlan, plan
 from pipeflow._random import DrawnSeed
 from pipeflow._seeds import replaced, slots
-from pipeflow._stage import Source, Stage
+from pipeflow._stage import Source, Stage, _has_ror
 from pipeflow._state_check import Loaded, check
 from pipeflow.state import Progress, flat_index, light, take
 from pipeflow.stats import LoaderRecord, Stats
@@ -109,7 +110,9 @@ class Loader(Generic[Out]):
     def __or__(self, other: object) -> Any:
         if isinstance(other, Stage):
             return Loader(self._source, (*self._stages, *other.stages))
-        return NotImplemented
+        if _has_ror(other):  # its own `|` may know a loader: let Python ask it
+            return NotImplemented
+        raise operand_error(self, other)  # Python would only name the two types
 
     def plan(self) -> PassPlan:
         """What this loader's passes run: the planning step's answer (:mod:`pipeflow._plan`).

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -60,8 +63,6 @@ def _progress(
     *,
     context: Context,
 ) -> Iterator[T]:
-    import sys
-
     if not force and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
         yield from items  # no terminal: no bar (and no tqdm monitor thread)
         return
@@ -81,8 +82,51 @@ def _progress(
         dynamic_ncols=True,
     )
     try:
-        for item in items:
-            bar.update(1)
-            yield item
+        with _logs_above(_Bar):
+            for item in items:
+                bar.update(1)
+                yield item
     finally:
         bar.close()
+
+
+@contextlib.contextmanager
+def _logs_above(bar_type: Any) -> Iterator[None]:
+    """While a bar is shown, what the log writes to the terminal goes above it (through
+    ``tqdm.write``), not over it: ``ignore_errors``' warning at the end of an epoch, say.
+
+    The handlers of the root and ``"pipeflow"`` loggers that write to stdout or stderr, and
+    Python's last-resort handler (which prints a warning when no handler is configured), get
+    a stream that writes through *bar_type*; they are given theirs back when the bar ends.
+    """
+    swapped = []
+    for handler in [*logging.getLogger().handlers, *logging.getLogger("pipeflow").handlers]:
+        if type(handler) is logging.StreamHandler and handler.stream in (sys.stdout, sys.stderr):
+            swapped.append((handler, handler.setStream(_AboveBars(handler.stream, bar_type))))
+    last_resort = above = logging.lastResort
+    if last_resort is not None:
+        above = logging.StreamHandler(_AboveBars(sys.stderr, bar_type))
+        above.setLevel(last_resort.level)
+        logging.lastResort = above
+    try:
+        yield
+    finally:
+        if logging.lastResort is above:  # (not when another bar's is in place now)
+            logging.lastResort = last_resort
+        for handler, stream in swapped:
+            handler.setStream(stream)
+
+
+class _AboveBars:
+    """A stream that writes through ``tqdm.write``, which clears the bars, writes, and draws
+    them again below."""
+
+    def __init__(self, stream: Any, bar_type: Any) -> None:
+        self.stream = stream
+        self.bar_type = bar_type
+
+    def write(self, text: str) -> None:
+        self.bar_type.write(text, file=self.stream, end="")
+
+    def flush(self) -> None:
+        self.stream.flush()

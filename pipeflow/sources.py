@@ -15,7 +15,7 @@ from pipeflow._context import Context, Hooks
 from pipeflow._objects import Snapshots, check_snapshot, is_stateful, restore, snapshot
 from pipeflow._plan import Positions
 from pipeflow._samplers import describe_sampler
-from pipeflow._stage import Source, _short
+from pipeflow._stage import Source, Stage, _short
 from pipeflow.errors import PipeflowError
 from pipeflow.loader import Loader
 
@@ -196,6 +196,7 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
         >>> list(pf.from_sampler([3, 1, 2]))
         [3, 1, 2]
     """
+    _not_a_stage("from_sampler", "sampler", sampler)
     if not isinstance(sampler, Iterable):
         msg = f"from_sampler: sampler must be iterable (got {type(sampler).__name__})"
         raise TypeError(msg)
@@ -208,6 +209,16 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
     _sized_or_not("from_sampler", "sampler", sampler)
     _checks.boolean("from_sampler", "set_epoch", set_epoch)
     return Loader(_FromSampler(sampler, set_epoch))
+
+
+def _not_a_stage(source: str, name: str, value: Any) -> None:
+    """Refuse a stage as a source's data (it has ``__iter__`` only to say it has no items)."""
+    if isinstance(value, Stage):
+        msg = (
+            f"{source}: {name} must hold items, and {value!r} is a stage, a recipe with none; "
+            f"put it after the source: pf.{source}(items) | stage"
+        )
+        raise TypeError(msg)
 
 
 def _sized_or_not(stage: str, name: str, value: Any) -> None:
@@ -271,6 +282,7 @@ def from_iterable(iterable: Iterable[T]) -> Loader[T]:
         ...
         pipeflow.errors.PipeflowError: from_iterable: the source is a one-shot iterator ...
     """
+    _not_a_stage("from_iterable", "iterable", iterable)
     if not isinstance(iterable, Iterable):
         try:  # the sequence protocol (__getitem__ from 0): iter() calls none of it yet
             iter(iterable)

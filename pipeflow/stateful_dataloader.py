@@ -20,6 +20,8 @@ import torch
 import torch.utils.data as tud
 
 from pipeflow import _checks
+from pipeflow._hints import checked_keywords
+from pipeflow._stage import Stage
 from pipeflow.dataloader import DataLoader
 
 __all__ = ["StatefulDataLoader"]
@@ -37,7 +39,8 @@ class StatefulDataLoader(DataLoader[T_co]):
             worker reads again what came after the last one. Map-style datasets' workers
             report their dataset's state with every batch whatever this says (a map's
             items can't be read again in a worker), as torchdata's do at its default, 1.
-            Every other argument is torch's ``DataLoader``'s.
+            Every other argument is torch's ``DataLoader``'s, and ``ignore_errors``
+            :class:`pipeflow.DataLoader`'s.
 
     Examples:
         >>> import torch, pipeflow as pf
@@ -52,6 +55,7 @@ class StatefulDataLoader(DataLoader[T_co]):
         [[4, 5, 6, 7], [8, 9]]
     """
 
+    @checked_keywords
     def __init__(
         self,
         dataset: tud.Dataset[T_co],
@@ -73,6 +77,7 @@ class StatefulDataLoader(DataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         snapshot_every_n_steps: int | None = 1,
+        ignore_errors: bool | Stage[Any, Any] = False,
     ) -> None:
         every = _checks.optional_integer(
             "StatefulDataLoader", "snapshot_every_n_steps", snapshot_every_n_steps, low=0
@@ -95,5 +100,6 @@ class StatefulDataLoader(DataLoader[T_co]):
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
             in_order=in_order,
+            ignore_errors=ignore_errors,
         )
         self.snapshot_every_n_steps = every or 0

@@ -16,10 +16,18 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
 
-__all__ = ["LoaderRecord", "StageRecord", "StageStats", "Stats"]
+__all__ = [
+    "DATALOADER_KNOBS",
+    "LOADER_KNOBS",
+    "Knobs",
+    "LoaderRecord",
+    "StageRecord",
+    "StageStats",
+    "Stats",
+]
 
 _SAMPLE_NS = 100_000_000  # one point of the time series every 0.1 s, at first
 _POINTS = 2_000  # then, at this many, every other point goes and the spacing doubles
@@ -113,12 +121,52 @@ class LoaderRecord:
         self.started = time.perf_counter_ns()
 
 
-#: The last lines of ``str(stats)``: what the columns mean, and where to read more.
-LEGEND = (
-    "own s: in the stage's own code; wait s: waiting for the stage above; busy: workers' time on"
-    " items;\nqueue: share of max_in_flight in use. More: the how-to "
-    '"Find the bottleneck with stats()"'
+class Knobs(NamedTuple):
+    """The settings the advice names (see :func:`diagnose`), in the words of what the user
+    built: a loader's stage arguments (:data:`LOADER_KNOBS`), or ``pf.DataLoader``'s
+    (:data:`DATALOADER_KNOBS`: it has ``num_workers`` and ``prefetch_factor``, not
+    ``workers`` and ``max_in_flight``)."""
+
+    #: for workers busy most of the time
+    more_workers: str
+    #: for workers idle, waiting for the main process
+    in_flight: str
+    #: for a slow stage in one thread
+    parallel: str
+    #: for a parallel stage with no workers
+    give_workers: str
+    #: what the ``queue`` column is a share of
+    queue: str
+
+
+LOADER_KNOBS = Knobs(
+    more_workers="try more workers, or the thread backend if the work waits on I/O or "
+    "releases the GIL",
+    in_flight="raise max_in_flight",
+    parallel="run it in pf.parallel_map (threads for I/O, processes for Python-heavy work)",
+    give_workers="give it workers (threads for I/O, processes for Python-heavy work)",
+    queue="max_in_flight",
 )
+DATALOADER_KNOBS = Knobs(
+    more_workers="raise num_workers",
+    in_flight="raise prefetch_factor (the batches in flight per worker)",
+    parallel="set num_workers above 0 (the fetch and collate then run in worker processes)",
+    give_workers="raise num_workers above 0",
+    queue="prefetch_factor x num_workers",
+)
+
+
+def legend(knobs: Knobs = LOADER_KNOBS) -> str:
+    """The last lines of ``str(stats)``: what the columns mean, and where to read more."""
+    return (
+        "own s: in the stage's own code; wait s: waiting for the stage above; busy: workers' "
+        f"time on items;\nqueue: share of {knobs.queue} in use. More: the how-to "
+        '"Find the bottleneck with stats()"'
+    )
+
+
+#: The legend of a loader's table.
+LEGEND = legend()
 
 
 @dataclass(frozen=True)
@@ -197,10 +245,19 @@ class Stats:
     consumer_wait_p99: float | None
     bottleneck: str
     advice: str
+    knobs: Knobs = field(default=LOADER_KNOBS, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The statistics as plain dicts and lists (for JSON or a logger)."""
-        return asdict(self)
+        out = asdict(self)
+        del out["knobs"]
+        return out
+
+    def advising(self, knobs: Knobs) -> Stats:
+        """These statistics with the advice (and the legend) in the words of *knobs*:
+        ``pf.DataLoader.stats()`` says ``num_workers`` where a loader says ``workers``."""
+        bottleneck, advice = diagnose(self.stages, self.consumer_wait_fraction, knobs)
+        return replace(self, bottleneck=bottleneck, advice=advice, knobs=knobs)
 
     def __str__(self) -> str:
         head = (
@@ -214,7 +271,7 @@ class Stats:
                 lines.append(f"ignored errors: {ignored_text(st)} (in {st.name!r})")
             if st.efficiency is not None:
                 lines.append(f"efficiency: {efficiency_text(st)} (in {st.name!r})")
-        lines.append(LEGEND)
+        lines.append(legend(self.knobs))
         return "\n".join(lines)
 
     def _consumer_line(self) -> str:
@@ -428,8 +485,11 @@ UPSTREAM_SHARE = 0.5
 _PARALLEL = ("parallel_map", "parallel_source")
 
 
-def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
-    """Name the bottleneck and say what to try: ``(bottleneck, advice)``.
+def diagnose(
+    stages: list[StageStats], wait_fraction: float, knobs: Knobs = LOADER_KNOBS
+) -> tuple[str, str]:
+    """Name the bottleneck and say what to try: ``(bottleneck, advice)``, naming the settings
+    as *knobs* words them.
 
     A fixed rule on the summed numbers, the same answer for the same numbers (no state from
     earlier calls), checked in this order:
@@ -474,11 +534,10 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
     candidates = [s for s in stages if not _computed(s)] or stages
     slowest = max(candidates, key=lambda s: s.own_seconds)
     if slowest.workers is None or slowest.worker_busy is None:
-        return slowest.name, _one_thread_advice(slowest, stages, waited)
+        return slowest.name, _one_thread_advice(slowest, stages, waited, knobs)
     if slowest.worker_busy >= BUSY_WORKERS:
         return slowest.name, (
-            f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; try more workers, "
-            "or the thread backend if the work waits on I/O or releases the GIL"
+            f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; {knobs.more_workers}"
         )
     at = stages.index(slowest)
     upstream = stages[at - 1] if at and not _computed(stages[at - 1]) else None
@@ -489,8 +548,9 @@ def diagnose(stages: list[StageStats], wait_fraction: float) -> tuple[str, str]:
             "runs in one thread"
         )
     return slowest.name, (
-        f"{waited}; workers busy only {_pct(slowest.worker_busy)} of the time: raise "
-        "max_in_flight, or look at the main process's share (decoding results, the consumer)"
+        f"{waited}; workers busy only {_pct(slowest.worker_busy)} of the time: "
+        f"{knobs.in_flight}, or look at the main process's share (decoding results, the "
+        "consumer)"
     )
 
 
@@ -499,7 +559,9 @@ def _computed(stage: StageStats) -> bool:
     return stage.name.endswith(" (computed)")
 
 
-def _one_thread_advice(slowest: StageStats, stages: list[StageStats], waited: str) -> str:
+def _one_thread_advice(
+    slowest: StageStats, stages: list[StageStats], waited: str, knobs: Knobs
+) -> str:
     """What to try when the slowest stage runs in one thread (rule 3a of :func:`diagnose`)."""
     if _computed(slowest):  # the only row: no user code to move
         return (
@@ -507,12 +569,9 @@ def _one_thread_advice(slowest: StageStats, stages: list[StageStats], waited: st
             "from positions: the stages after it (or the loop) are light, not slow"
         )
     share = slowest.own_seconds / max(sum(s.own_seconds for s in stages), 1e-12)
-    fix = (
-        "give it workers"  # a parallel stage with workers=0 runs in the calling thread
-        if slowest.name in _PARALLEL
-        else "run it in pf.parallel_map"
-    )
+    # a parallel stage with workers=0 runs in the calling thread
+    fix = knobs.give_workers if slowest.name in _PARALLEL else knobs.parallel
     return (
         f"{waited}; {_pct(share)} of the loader's time is spent in {slowest.name!r}, in one "
-        f"thread; {fix} (threads for I/O, processes for Python-heavy work)"
+        f"thread; {fix}"
     )

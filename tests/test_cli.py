@@ -107,13 +107,102 @@ def test_bench_table_marks_every_goal_met_or_not() -> None:
     marks = {
         line.split()[0]: line for line in lines[2:] if line.split()[0] in {r.workload for r in rows}
     }
-    assert "3.43x  NOT MET  >= 10x" in marks["batched"]
-    assert "4.00x  met      >= 3x" in marks["plain"]
-    assert "NOT MET  <= 0.5x" in marks["startup"]
-    assert "met      pipeflow < 0.05" in marks["resume"]
-    assert "met      overhead < 5%" in marks["stats"]
-    assert "?        about the same" in marks["odd"]
-    assert lines[-1] == "goals: 3 of 6 met, 2 NOT MET, 1 not checked (?)"
+    assert "3.43x  NOT MET   >= 10x" in marks["batched"]
+    assert "4.00x  met       >= 3x" in marks["plain"]
+    assert "NOT MET   <= 0.5x" in marks["startup"]
+    assert "met       pipeflow < 0.05" in marks["resume"]
+    assert "met       overhead < 5%" in marks["stats"]
+    assert "?         about the same" in marks["odd"]
+    assert lines[-2] == "goals: 3 of 6 met, 2 NOT MET, 1 not checked (?)"
+
+
+def test_bench_table_says_which_way_is_better_and_what_to_conclude() -> None:
+    from benchmarks._harness import Row, table
+
+    rows = [
+        Row("fast", "samples/s", 30.0, 10.0, ">= 2x"),
+        Row("start", "seconds", 0.5, 1.0, "<= 0.2x", higher_is_better=False),
+        # the goal lies between this run's best and worst repetitions: one run can't say
+        Row(
+            "fork",
+            "seconds",
+            0.54,
+            1.0,
+            "<= 0.5x",
+            higher_is_better=False,
+            samples={"pipeflow": [0.47, 0.54, 0.6], "torch": [1.0, 1.0, 1.0]},
+        ),
+    ]
+    lines = table(rows, quick=True).splitlines()
+    assert lines[0].split()[:3] == ["workload", "unit", "better:"]
+    better = {line.split()[0]: line.split()[2] for line in lines[2:5]}
+    assert better == {"fast": "higher", "start": "lower", "fork": "lower"}
+    assert "NOT MET*" in lines[4]
+    assert lines[-2].endswith(
+        "; * within this run's spread (best vs worst repetition): one run can't say"
+    )
+    assert lines[-1] == (
+        "reading: pipeflow beat torch in 3 of 3 rows; missed: 'start'; missed within this "
+        "run's spread (*): 'fork'. A --quick run is short and noisy: rerun a suite in full "
+        "(python -m pipeflow bench SUITE) before reading much into a miss"
+    )
+    met = table(rows[:1]).splitlines()[-1]
+    assert met == "reading: pipeflow beat torch in 1 of 1 rows; every goal checked was met"
+
+
+def test_bench_outside_a_checkout_says_how_to_get_the_benchmarks(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(ROOT / "pipeflow", tmp_path / "pipeflow")  # an installed copy: no benchmarks/
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeflow", "bench", "--quick"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "python -m pipeflow bench runs the benchmarks/ folder of pipeflow's source, which is "
+        f"not\ninstalled with the package (this pipeflow is at {tmp_path / 'pipeflow'})."
+    )
+    assert "get the source and run the command from its folder" in done.stderr
+    assert "pip install -e ." in done.stderr
+
+
+def test_bench_says_when_each_suite_starts_and_how_long_it_took(monkeypatch, capsys) -> None:
+    import types
+
+    import pipeflow.__main__ as cli
+    from benchmarks._harness import Row
+
+    suite = types.ModuleType("benchmarks.tiny")
+    suite.run = lambda quick: [Row("tiny", "samples/s", 2.0, 1.0, ">= 1x")]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.tiny", suite)
+    assert cli.main(["bench", "--quick", "tiny", "tiny"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"\[1/2\] tiny \.\.\. 1 rows in \d+ s", out[0])
+    assert re.fullmatch(r"\[2/2\] tiny \.\.\. 1 rows in \d+ s", out[1])
+    assert re.fullmatch(r"all suites: \d+ s", out[2])
+    assert out[-1].startswith("reading: pipeflow beat torch in 2 of 2 rows")
+
+
+def test_readme_tour_uses_what_it_defines() -> None:
+    import ast
+
+    text = (ROOT / "README.md").read_text()
+    tour = re.search(r"```python\n(.*?)```", text.split("## A short tour", 1)[1], flags=re.S)
+    assert tour is not None
+    tree = ast.parse(tour[1])
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    called = {
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    assert defined and defined <= called, f"defined, never used: {defined - called}"
 
 
 @pytest.mark.slow

@@ -300,3 +300,109 @@ def test_fetch_errors_name_the_sample_index() -> None:
     with pytest.raises(ValueError, match="corrupt sample") as info:
         list(pf.DataLoader(Broken(10), batch_size=4))
     assert "sample index 5 (batch [4, 5, 6, 7], epoch 0)" in info.value.__notes__[0]
+
+
+# -- skipping bad samples without leaving the class (issue 27) ------------------------------
+class Flaky(tud.Dataset):
+    """Sample i is i, except the *bad* ones, whose read raises OSError (a truncated file)."""
+
+    def __init__(self, n: int, bad: frozenset[int] = frozenset({2, 9})) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise OSError(f"sample {i} is cut short")
+        return i
+
+
+def _torch_batches_without(dataset: Flaky, **kwargs: Any) -> list[list[int]]:
+    """torch's batches of indices for *kwargs*, less the bad samples (batches left empty go)."""
+    ref = tud.DataLoader(range(len(dataset)), collate_fn=list, **kwargs)
+    kept = [[i for i in b if i not in dataset.bad] for b in ref]
+    return [b for b in kept if b]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ignore_errors_skips_bad_samples_and_stays_a_dataloader(workers: int) -> None:
+    ds = Flaky(20)
+    dl = pf.DataLoader(ds, batch_size=4, num_workers=workers, ignore_errors=True)
+    assert isinstance(dl, tud.DataLoader) and dl.ignore_errors is True
+    assert [b.tolist() for b in dl] == _torch_batches_without(ds, batch_size=4)
+    skipped = dl.stats().stages[-1]
+    assert (skipped.name, skipped.ignored_errors, skipped.ignored_indices) == (
+        "ignore_errors",
+        2,
+        [2, 9],
+    )
+
+
+@given(
+    n=st.integers(1, 40),  # (torch's RandomSampler refuses an empty dataset)
+    bad=st.frozensets(st.integers(0, 39), max_size=10),
+    batch_size=st.integers(1, 7),
+    seed=st.integers(0, 2**32 - 1),
+    drop_last=st.booleans(),
+)
+def test_ignore_errors_drops_exactly_the_bad_samples(n, bad, batch_size, seed, drop_last) -> None:
+    """The invariant: every good sample once, in torch's order and batches; each bad one
+    dropped and counted; nothing else lost."""
+    ds = Flaky(n, frozenset(i for i in bad if i < n))
+    dl = pf.DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=drop_last,
+        generator=torch.Generator().manual_seed(seed),
+        ignore_errors=True,
+    )
+    got = [b.tolist() for b in dl]
+    want = _torch_batches_without(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=drop_last,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    assert got == want
+    order = tud.DataLoader(
+        range(n),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=drop_last,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=list,
+    )
+    read = [i for b in order for i in b]  # the samples the epoch reads
+    # (a batch whose every sample failed is one dropped item, naming them all)
+    assert sorted(dl.stats().stages[-1].ignored_indices) == sorted(ds.bad.intersection(read))
+    assert sorted(i for b in got for i in b) == sorted(set(read) - ds.bad)
+
+
+def test_ignore_errors_with_a_budget_and_exception_types() -> None:
+    only_value_errors = pf.ignore_errors(exceptions=ValueError)
+    with pytest.raises(OSError, match="sample 2 is cut short"):
+        list(pf.DataLoader(Flaky(20), batch_size=4, ignore_errors=only_value_errors))
+    budget = pf.ignore_errors(exceptions=OSError, max_count=1)
+    with pytest.raises(pf.ErrorBudgetExceeded, match=r"2 items failed this epoch"):
+        list(pf.DataLoader(Flaky(20), batch_size=4, ignore_errors=budget))
+
+
+def test_without_ignore_errors_the_pipeline_and_the_errors_are_torchs() -> None:
+    dl = pf.DataLoader(Flaky(20), batch_size=4)
+    assert dl.ignore_errors is False
+    assert [s.name for s in dl.pipeline().stages] == ["batch", "fetch", "collate"]
+    with pytest.raises(OSError, match="sample 2 is cut short"):
+        list(dl)
+    dl.ignore_errors = True  # an attribute, as torch's are: the next pass follows it
+    assert len(list(dl)) == 5 and dl.pipeline().stages[-1].name == "ignore_errors"
+
+
+def test_ignore_errors_refuses_other_values_naming_the_parameter() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"DataLoader: ignore_errors must be True, False or pf\.ignore_errors\(\.\.\.\) \(got 'yes'\)",
+    ):
+        pf.DataLoader(Flaky(4), ignore_errors="yes")

@@ -16,7 +16,8 @@ The conventions for ``docs/**/*.md``:
   typo.
 * Blocks run as the main module (``__name__ == "__main__"``), as a script would, so code under
   ``if __name__ == "__main__":`` runs too. Blocks with that guard that start worker processes
-  also run as a script under the ``spawn`` start method (macOS, Windows, Linux from 3.14).
+  also run as a script under the ``spawn`` start method (the default on macOS and Windows;
+  Linux's from Python 3.14, ``forkserver``, imports the script again too).
 * Shown output is checked in one of two ways:
 
   1. A block with ``>>>`` prompts is a doctest: what is shown under each prompt must match what
@@ -73,6 +74,7 @@ OUTPUT_MARKER = "<!-- output -->"
 REFUSED_TAGS = {"py", "py3", "python3", "pycon", "pytb", "ipython", "Python"}
 CLEANUP_GRACE = 5.0  # seconds for the threads and processes of a page to finish
 CONTINUED = re.compile(r'title="Continued\b')  # a block that needs the one before it
+USES_GC = re.compile(r"\bgc\.")  # a page that calls the garbage collector's functions
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*)$")
 
 
@@ -204,6 +206,13 @@ def run_page(path: Path, module_name: str, only: int | None = None) -> None:
     # Each run stands for a fresh process: the warnings pipeflow gives once per process
     # (pin_memory without an accelerator) are given again.
     pf_device._WARNED.clear()
+    # What was alive before the run (torch, pytest, ...) is left out of the collection below,
+    # which then walks only what the run made: a full collection takes 0.3-0.6 s with torch
+    # imported, and this runs some 300 times. A page that shows the collector itself sees
+    # it as a fresh process has it (nothing frozen).
+    freeze = not any(USES_GC.search(b.text) for b in blocks if b.lang == "python")
+    if freeze:
+        gc.freeze()
     try:
         for k, block in enumerate(blocks):
             if block.lang in REFUSED_TAGS:
@@ -232,6 +241,8 @@ def run_page(path: Path, module_name: str, only: int | None = None) -> None:
         with contextlib.redirect_stdout(late):
             namespace.clear()
             gc.collect()
+        if freeze:
+            gc.unfreeze()
     if late.getvalue():
         pytest.fail(f"{path}: printed when its objects were freed:\n{late.getvalue()}")
     wait_for_cleanup(threads_before, path, children_before)
@@ -295,24 +306,105 @@ def spawn_cases() -> list[pytest.ParameterSet]:
     return cases
 
 
+class SpawnRuns:
+    """The scripts of :func:`spawn_cases`, run one after another in a background thread.
+
+    A run is mostly waiting: its workers start by importing torch and the script again. So
+    the runs start with this module's first test, in their own processes, while this process
+    runs the pages, and each ``test_runs_under_spawn`` then reads its run's result: the same
+    scripts and the same checks, their time overlapping the pages' instead of adding to it.
+    """
+
+    def __init__(self, cases: dict[str, str], folder: Path) -> None:
+        self.cases = cases
+        self.folder = folder
+        self.done: dict[str, threading.Event] = {name: threading.Event() for name in cases}
+        self.results: dict[str, subprocess.CompletedProcess[str] | BaseException] = {}
+        self.stopped = False
+        self.proc: subprocess.Popen[str] | None = None
+        self.thread = threading.Thread(target=self._run_all, name="docs-spawn-runs", daemon=True)
+
+    def _run_all(self) -> None:
+        for name, code in self.cases.items():
+            try:
+                if self.stopped:
+                    raise RuntimeError("stopped before it ran")
+                self.results[name] = self._run(name, code)
+            except BaseException as e:  # handed to the test that reads it
+                self.results[name] = e
+            self.done[name].set()
+
+    def _run(self, name: str, code: str) -> subprocess.CompletedProcess[str]:
+        folder = self.folder / re.sub(r"\W", "_", name)
+        folder.mkdir()
+        script = folder / "example.py"
+        script.write_text(SPAWN_PRELUDE + code, encoding="utf-8")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+        self.proc = proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=folder,
+            # At a lower priority, so that they take the CPU the pages leave: some pages time
+            # what they show ("the loop waited under 10% of the time"), and must not wait.
+            preexec_fn=lambda: os.nice(SPAWN_NICENESS),
+        )
+        try:
+            out, err = proc.communicate(timeout=SPAWN_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def result(self, name: str) -> subprocess.CompletedProcess[str]:
+        self.done[name].wait()
+        got = self.results[name]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def stop(self) -> None:
+        self.stopped = True
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+SPAWN_TIMEOUT = 240  # seconds for one script (at a lower priority, on a busy machine)
+SPAWN_NICENESS = 5  # added to the scripts' niceness (and their workers'): a third of a page's share
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spawn_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Start the spawn runs this session selected, in the background, at the module's first
+    test (see :class:`SpawnRuns`)."""
+    cases = {p.id: p.values[0] for p in spawn_cases()}
+    chosen = [
+        item.callspec.id
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_runs_under_spawn"
+        and item.module is sys.modules[__name__]
+    ]
+    runs = SpawnRuns({name: cases[name] for name in chosen}, tmp_path_factory.mktemp("spawn"))
+    if chosen:
+        runs.thread.start()
+    yield runs
+    runs.stop()
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(SPAWN_TIMEOUT + 30)  # a script's own limit comes first
 @pytest.mark.parametrize("code", spawn_cases())
-def test_runs_under_spawn(code: str, tmp_path: Path) -> None:
+def test_runs_under_spawn(code: str, request: pytest.FixtureRequest, spawn_runs: Any) -> None:
     """Workers started by spawn import the main script again: the example must guard the code
     that starts them with ``if __name__ == "__main__":``, or it fails (or, with a bare
     multiprocessing.Pool, hangs)."""
-    script = tmp_path / "example.py"
-    script.write_text(SPAWN_PRELUDE + code, encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = spawn_runs.result(request.node.callspec.id)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -359,6 +451,24 @@ def test_copy_button_copies_the_code_of_sessions() -> None:
         check=True,
     )
     assert json.loads(done.stdout) == ["def f():\n    return 1\n\nf()"]
+
+
+def test_every_tutorial_step_ends_with_an_exercise_and_a_tested_answer() -> None:
+    steps = [p for p in PAGES if p.parent.name == "tutorial" and p.name != "index.md"]
+    assert len(steps) == 10
+    for path in steps:
+        text = path.read_text(encoding="utf-8")
+        assert "\n## Exercise\n" in text, f"{page_id(path)}: no exercise"
+        exercise = text.split("\n## Exercise\n", 1)[1].split("\n## ", 1)[0]
+        assert '??? example "Answer"' in exercise, f"{page_id(path)}: the answer is not folded"
+        answers = [b for b in parse_blocks(path) if b.lang == "python"]
+        assert any(b.text in exercise.replace("\n    ", "\n") for b in answers), page_id(path)
+
+
+def test_the_site_requests_no_web_fonts() -> None:
+    """Material loads Google's fonts unless told not to; offline, each page waits for them."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^theme:\n(  .*\n)*  font: false\n", config, flags=re.M)
 
 
 def test_reference_covers_every_public_name() -> None:

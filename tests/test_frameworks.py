@@ -74,6 +74,29 @@ def test_lightning_injects_a_distributed_sampler_into_a_pipeflow_loader() -> Non
     assert sorted(shards[0] + shards[1]) == list(range(64))
 
 
+class Patchy(Line):
+    """Line, with sample 5 unreadable."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i == 5:
+            raise OSError("sample 5 is cut short")
+        return super().__getitem__(i)
+
+
+def test_lightning_keeps_ignore_errors_when_it_rebuilds_a_pipeflow_loader() -> None:
+    """Skipping bad samples is an argument of the class (issue 27), so a framework that
+    rebuilds the loader from its arguments keeps it."""
+    pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    original = pf.DataLoader(Patchy(), batch_size=8, ignore_errors=True)
+    sampler = tud.DistributedSampler(Patchy(), num_replicas=1, rank=0, shuffle=False)
+    rebuilt = _update_dataloader(original, sampler)
+    assert type(rebuilt) is pf.DataLoader and rebuilt.ignore_errors is True
+    seen = sorted(round(float(x) * 64) for xb, _ in rebuilt for x in xb)
+    assert seen == [i for i in range(64) if i != 5]
+
+
 def test_accelerate_prepares_and_shards_a_pipeflow_loader() -> None:
     accelerate = pytest.importorskip("accelerate")
     from accelerate.data_loader import prepare_data_loader

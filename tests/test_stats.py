@@ -293,3 +293,61 @@ def test_the_time_series_stays_bounded_however_long_the_run() -> None:
     assert len(rec.series) < _POINTS
     times = [t for t, _, _ in rec.series]
     assert times == sorted(times) and rec.series[-1][1] >= 49_000  # spans the whole run
+
+
+# -- pf.DataLoader.stats(): its advice in DataLoader terms (issue 27) -----------------------------
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pipeflow.stats import DATALOADER_KNOBS  # noqa: E402
+
+#: What a DataLoader has no such argument for: the advice must not name these.
+LOADER_WORDS = ("max_in_flight", "give it workers", "pf.parallel_map", "thread backend")
+
+
+@st.composite
+def dataloader_rows(draw: st.DrawFn) -> list[StageStats]:
+    """The rows a pf.DataLoader's pipeline has: the sampler, maybe batch, then fetch and
+    collate (no workers) or parallel_map (workers), with any times and worker busy."""
+    own = st.floats(0.0, 10.0)
+    rows = [stage("from_sampler", draw(own))]
+    if draw(st.booleans()):
+        rows.append(stage("batch", draw(own)))
+    if draw(st.booleans()):
+        rows.append(stage("parallel_map", draw(own), busy=draw(st.floats(0.0, 1.0))))
+    else:
+        rows += [stage("fetch", draw(own)), stage("collate", draw(own))]
+    return rows
+
+
+@given(rows=dataloader_rows(), wait=st.floats(0.0, 1.0))
+def test_dataloader_advice_names_only_dataloader_arguments(rows, wait) -> None:
+    bottleneck, advice = diagnose(rows, wait, DATALOADER_KNOBS)
+    assert bottleneck == diagnose(rows, wait)[0]  # the same diagnosis, in other words
+    assert not any(word in advice for word in LOADER_WORDS), advice
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        (pipeline(busy=0.42), "raise prefetch_factor"),
+        (pipeline(busy=0.9), "raise num_workers"),
+        ([stage("from_sampler", 0.0), stage("fetch", 1.0)], "set num_workers above 0"),
+    ],
+    ids=["idle workers", "busy workers", "no workers"],
+)
+def test_dataloader_advice_says_which_argument(rows, words) -> None:
+    assert words in diagnose(rows, 0.5, DATALOADER_KNOBS)[1]
+
+
+def test_dataloader_stats_speak_of_its_own_arguments() -> None:
+    dl = pf.DataLoader(list(range(40)), batch_size=4, collate_fn=lambda b: [slow(i) for i in b])
+    list(dl)
+    stats = dl.stats()
+    assert stats.bottleneck == "collate"
+    assert "set num_workers above 0" in stats.advice
+    text = str(stats)
+    assert "queue: share of prefetch_factor x num_workers in use" in text
+    assert "max_in_flight" not in text
+    assert "knobs" not in stats.to_dict()  # the same keys as a loader's
+    assert str(dl.pipeline().stats()).count("max_in_flight") == 1  # the loader's own words

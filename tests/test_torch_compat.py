@@ -58,12 +58,18 @@ def test_isinstance_and_generic_alias() -> None:
 
 
 def test_same_signature_as_torch() -> None:
+    """torch's parameters, in torch's order, kinds and defaults; then pipeflow's own, each
+    keyword-only and off by default (issue 27: `ignore_errors`)."""
     ours = inspect.signature(pf.DataLoader.__init__)
     ref = inspect.signature(tud.DataLoader.__init__)
-    assert list(ours.parameters) == list(ref.parameters)
+    assert list(ours.parameters)[: len(ref.parameters)] == list(ref.parameters)
     for name, p in ref.parameters.items():
         q = ours.parameters[name]
         assert (q.kind, q.default) == (p.kind, p.default), name
+    extra = list(ours.parameters.values())[len(ref.parameters) :]
+    assert [(p.name, p.kind, p.default) for p in extra] == [
+        ("ignore_errors", inspect.Parameter.KEYWORD_ONLY, False)
+    ]
 
 
 @pytest.mark.parametrize(

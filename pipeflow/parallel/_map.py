@@ -142,7 +142,9 @@ def parallel_map(
     Args:
         fn: the function, or a stage that yields one item per item.
         workers: how many threads or processes; ``0`` runs *fn* in the calling thread.
-        backend: ``"thread"`` or ``"process"``.
+        backend: ``"thread"`` (the default: a function per item is most often I/O or
+            decoding, which waits or releases the GIL) or ``"process"``. ``parallel_source``
+            defaults to processes instead, as torch runs an ``IterableDataset``'s copies.
         ordered: keep the input order (else completion order).
         max_in_flight: bound on items out at once; default ``2 * workers``.
         mp_context: start method (``"fork"``, ``"forkserver"``, ``"spawn"``) or a

@@ -21,6 +21,7 @@ import signal
 import time
 from typing import Any
 
+from pipeflow._spawning import death_hint, refuse_nested, started_from, stop_if_importing_main
 from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, prepared
@@ -73,6 +74,9 @@ class ProcessPool(PoolDefaults):
         *concurrent*: each worker runs many tasks at once (event loops), so it gets its full
         share of ``max_in_flight`` from the start and is never taken for stuck behind a slow
         task; *restarts*: how many dead workers a pass may replace (see :meth:`_died`)."""
+        refuse_nested(name)  # a worker process may not have children
+        stop_if_importing_main(name)  # a spawned worker running the script's top level
+        self.started = started_from()  # the script's line, for death_hint
         workers = spec.num_workers
         self.target = target
         self.concurrent = concurrent
@@ -374,12 +378,17 @@ class ProcessPool(PoolDefaults):
             msg += f"; {death}"
         elif self.lives.restarts:
             msg += f"; restarts={self.lives.restarts} were spent this epoch"
+        fix = ""
+        if not self.warm[wid] and code is not None and code > 0:  # died while starting
+            fix = death_hint(self.method, self.started)
         if code == -signal.SIGBUS:
-            msg += (
+            fix = (
                 "; SIGBUS in a worker usually means /dev/shm is full: enlarge it (e.g. "
                 "docker run --shm-size=8g) or lower max_in_flight"
             )
-        raise WorkerDiedError(msg, pid=proc.pid, exitcode=code)
+        error = WorkerDiedError(msg + fix, pid=proc.pid, exitcode=code)
+        error.fix = fix  # the pass adds what it lost before it
+        raise error
 
     def _last_words(self, wid: int) -> list[Reply]:
         """What a dead worker sent that was not read yet: its replies (delivered as any

@@ -180,7 +180,9 @@ def _name_lost(error: Any, out: dict[int, Any], sender: _Sender) -> None:
     words = f"not delivered: {held(out)}" if out else "not delivered: no item in flight"
     if first is not None:
         words += f", and any item from item {first} of the pass on (never sent)"
-    error.args = (f"{error.args[0]}; {words}", *error.args[1:])
+    fix = getattr(error, "fix", "")  # what to do stays the message's last words
+    head = error.args[0].removesuffix(fix) if fix else error.args[0]
+    error.args = (f"{head}; {words}{fix}", *error.args[1:])
 
 
 class _Sender:

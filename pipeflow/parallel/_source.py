@@ -125,7 +125,10 @@ def parallel_source(
     the same worker raises :class:`~pipeflow.errors.SplitTwiceError` instead of keeping a
     fraction of the worker's share, and a *loader* with two ``shard`` stages is refused here.
     With ``ordered=True`` the items come worker 0, worker 1, ..., worker 0, ...; a worker
-    that runs out drops out of the rotation. Arguments as for :func:`parallel_map`.
+    that runs out drops out of the rotation. Arguments as for :func:`parallel_map`, except
+    that *backend* defaults to ``"process"``: each worker runs a whole copy of a stream, as
+    torch's ``DataLoader`` runs an ``IterableDataset`` in worker processes (``parallel_map``,
+    whose usual work is I/O or decoding, defaults to threads).
 
     A worker process that dies ends the pass with :class:`~pipeflow.WorkerDiedError` (its
     replica's stream can't be taken up where it stopped, so there is no ``restarts``), and
