@@ -181,6 +181,9 @@ def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(cluster: Any, caplo
         got += list(it)
     assert got == [i * i for i in range(60)]
     assert "killed by `ray.kill`" in caplog.text and "a new actor takes its place" in caplog.text
+    stats = loader.stats().stages[-1]  # the actors' time on items, as for worker processes
+    assert stats.workers == 2 and stats.worker_busy and stats.item_seconds_p50 >= 0.009
+    assert stats.queue_occupancy is not None and 0 < stats.queue_occupancy <= 1
 
 
 def test_past_the_restarts_a_killed_actor_ends_the_pass_naming_node_and_items(

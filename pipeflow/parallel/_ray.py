@@ -72,7 +72,6 @@ class RayPool(PoolDefaults):
     """Ray actors, one per worker, fed items in calls (see the module's text)."""
 
     backend = "ray"
-    per_worker = True  # replies are handled one by one: stats count each actor's busy time
     worker_kind = "ray actor"
 
     def __init__(
@@ -424,19 +423,24 @@ def _pickled(spec: WorkerSpec, name: str) -> bytes:
 
 
 def _check_fits(name: str, workers: int, options: dict[str, Any]) -> None:
-    """Warn when the cluster has too few CPUs for the actors: those that do not fit wait
-    for it to grow (an autoscaler adds nodes), and their items with them."""
+    """Warn when the cluster has too few free CPUs for the actors: those that do not fit
+    wait for room (another pass's actors to end, an autoscaler to add nodes), and their
+    items with them."""
     need = float(options.get("num_cpus") or 0) * workers
-    have = float(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
-    if need > have:
+    free = float(ray.available_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
+    if need > free:
+        have = float(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
         log.warning(
             "pipeflow: parallel stage %r: %d ray actors of num_cpus=%s need %g CPUs, and the "
-            "Ray cluster has %g; the actors that do not fit wait until it has room. Use "
-            "fewer workers, a smaller ray_options['num_cpus'], or a larger cluster",
+            "Ray cluster has %g free (of %g); the actors that do not fit wait until it has "
+            "room, and their items with them. Use fewer workers, a smaller "
+            "ray_options['num_cpus'], or a larger cluster (or close the loaders whose "
+            "persistent actors hold CPUs)",
             name,
             workers,
             options.get("num_cpus"),
             need,
+            free,
             have,
         )
 
