@@ -149,7 +149,8 @@ def parallel_map(
         workers: how many threads or processes; ``0`` runs *fn* in the calling thread.
         backend: ``"thread"``, ``"process"`` or ``"ray"``.
         ordered: keep the input order (else completion order).
-        max_in_flight: bound on items out at once; default ``2 * workers``.
+        max_in_flight: bound on items out at once; default ``2 * workers`` (``8 * workers``
+            for Ray actors, which get their items in calls of half their share).
         mp_context: start method (``"fork"``, ``"forkserver"``, ``"spawn"``) or a
             multiprocessing context, for processes; default: the platform's.
         worker_init: called as ``worker_init(worker_id)`` in each worker once it has started.
