@@ -23,6 +23,13 @@ def where(i: int) -> tuple[int, str]:
     return i, ray.get_runtime_context().get_node_id()
 
 
+def with_worker(i: int) -> tuple[int, str]:
+    """The item, and which worker of how many made it, on which backend."""
+    info = pf.get_worker_info()
+    assert info is not None and info.node  # an actor knows its node
+    return i, f"{info.id} of {info.num_workers} {info.backend}"
+
+
 def cube(i: int) -> int:
     return i * i * i
 

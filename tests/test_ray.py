@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from tests import _ray_cases as cases
-from tests.faults import RaiseAt, Samples
+from tests.faults import RaiseAt, Samples, Share
 from tests.strategies import lengths
 
 ray = pytest.importorskip("ray")
@@ -134,6 +134,16 @@ def test_draws_keyed_by_position_match_the_process_backend(cluster: Any) -> None
             return list(loader)
 
     assert run(workers=3, backend="ray") == run(workers=2, backend="process")
+
+
+def test_parallel_source_runs_a_replica_in_each_actor(cluster: Any) -> None:
+    """Each actor iterates its own copy of the loader, which splits itself by the worker
+    info the actor sets (``backend="ray"``, its node named)."""
+    source = pf.from_iterable(Share(11)) | pf.map(cases.with_worker)
+    with pf.parallel_source(source, workers=2, backend="ray") as loader:
+        got = list(loader)
+    assert [i for i, _ in got] == list(range(11))
+    assert {(i % 2, w) for i, w in got} == {(0, "0 of 2 ray"), (1, "1 of 2 ray")}
 
 
 def test_a_task_that_raises_is_a_value_and_the_pass_goes_on(cluster: Any) -> None:
