@@ -4,7 +4,7 @@ Each worker is an actor (:class:`~pipeflow.parallel._ray_worker.RayWorker`) made
 pool is, spread over the cluster's nodes; it holds the job and its ``worker_init`` for the
 pool's life, as a persistent worker process does. Items go to the actors in *calls* of several
 (up to half an actor's share of ``max_in_flight``, so that each actor has a second call queued
-as it ends one), since a call costs about half a millisecond whatever it carries; each call
+as it ends one), since a call costs up to a millisecond whatever it carries; each call
 answers with one :class:`~pipeflow.parallel._wire.Reply` per item, through Ray's object store
 (:mod:`._ray_wire`).
 

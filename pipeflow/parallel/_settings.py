@@ -35,7 +35,7 @@ BACKENDS = ("thread", "process", "ray")
 COROUTINES_PER_WORKER = 64
 #: The default bound on items in flight per Ray actor: an actor gets its items in calls of
 #: half as many, two calls queued, so that it starts the next call as it ends one (a call
-#: costs about half a millisecond whatever it carries: see the Ray how-to).
+#: costs about a millisecond whatever it carries on a busy 2-core machine: see the Ray how-to).
 RAY_PER_WORKER = 8
 #: The most workers a pool may have: it starts them all at once, each a thread or a process
 #: (past a few thousand, a system's limits on threads and processes refuse them anyway).
