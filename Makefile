@@ -1,6 +1,7 @@
 # One driver for humans and CI. `make demo` runs the main job, `make check` runs every check.
 # Both create .venv on first use: `make demo` installs pipeflow and what it needs (torch,
-# numpy, toolz, tqdm, pillow); `make check` adds the dev, docs, compat, plot and stream extras.
+# numpy, toolz, tqdm, pillow); `make check` adds the dev, docs, compat, plot, stream and ray
+# extras.
 # Choose another torch build with, e.g.:
 #   make check TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -41,8 +42,8 @@ $(BASE): pyproject.toml
 	$(STEP) "make: $(VENV) is ready"
 
 $(FULL): $(BASE)
-	$(STEP) "make: installing the checks' tools: pytest, hypothesis, ruff, mypy, mkdocs, lightning, accelerate, torchdata, matplotlib, fsspec, pyarrow"
-	$(PIP) -e ".[dev,docs,compat,plot,stream]"
+	$(STEP) "make: installing the checks' tools: pytest, hypothesis, ruff, mypy, mkdocs, lightning, accelerate, torchdata, matplotlib, fsspec, pyarrow, ray"
+	$(PIP) -e ".[dev,docs,compat,plot,stream,ray]"
 	touch $@
 
 lint: $(FULL)

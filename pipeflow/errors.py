@@ -70,14 +70,20 @@ class WorkerDiedError(_EndsThePass, PipeflowError):
     *n* times an epoch; this error comes when that budget is spent, or when one sample killed
     two workers in a row (a "poison" sample, named in the message).
 
+    A Ray actor (``backend="ray"``) that dies, or whose node does, is named the same way,
+    with its node.
+
     Attributes:
         pid: the worker's process id, when known.
         exitcode: its exit code (negative: the signal that killed it), when known.
+        node: a Ray actor's node id (``backend="ray"``), when known; else ``None``.
         undelivered: the sample indices (or item numbers) sent to the workers and never
             delivered: the dead worker's and every other one's.
         unsent_from: the number of the first item of the pass never sent (the rest of the
             epoch was lost too), or ``None``.
     """
+
+    node: str | None = None
 
     def __init__(self, text: str, *, pid: int | None = None, exitcode: int | None = None) -> None:
         super().__init__(text)
@@ -206,8 +212,9 @@ def _worker_words() -> list[str]:
     info = current_info()
     if info is None:
         return []
-    kind = "thread worker" if info.backend == "thread" else "worker"
-    return [f"{kind} {info.id} of {info.num_workers}", f"pid {info.pid}"]
+    kind = {"thread": "thread worker", "ray": "ray actor"}.get(info.backend, "worker")
+    words = [f"{kind} {info.id} of {info.num_workers}", f"pid {info.pid}"]
+    return [*words, f"node {info.node}"] if info.node else words
 
 
 def _add_note(exc: BaseException, note: str) -> None:

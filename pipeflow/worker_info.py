@@ -25,8 +25,10 @@ class WorkerInfo:
             global generator and torch's are seeded from it when the worker starts.
         dataset: the dataset the worker reads (its own copy in a process worker), when the
             stage has one.
-        backend: ``"process"`` or ``"thread"``.
+        backend: ``"process"``, ``"thread"`` or ``"ray"`` (a Ray actor).
         pid: the worker's process id.
+        node: a Ray actor's node, as ``"<ip address> <node id, first 8 digits>"`` (``""``
+            for threads and worker processes, which run on the loader's machine).
     """
 
     id: int
@@ -35,6 +37,7 @@ class WorkerInfo:
     dataset: Any = None
     backend: str = "process"
     pid: int = 0
+    node: str = ""
 
 
 _process_info: WorkerInfo | None = None
@@ -83,7 +86,8 @@ class _Watched(WorkerInfo):
 
 def _fields(info: WorkerInfo) -> tuple[Any, ...]:
     get = object.__getattribute__
-    return tuple(get(info, f) for f in ("id", "num_workers", "seed", "dataset", "backend", "pid"))
+    fields = ("id", "num_workers", "seed", "dataset", "backend", "pid", "node")
+    return tuple(get(info, f) for f in fields)
 
 
 def _watched(info: WorkerInfo) -> WorkerInfo:

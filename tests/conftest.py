@@ -17,6 +17,11 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+# Ray (tests/test_ray.py, the Ray how-to's blocks) replaces builtins.print the first time it
+# shows an actor's output (for its tqdm bars): later doctests that show print's type would
+# see Ray's function instead.
+os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+
 
 def pytest_sessionstart(session: object) -> None:
     # multiprocessing's long-lived helpers start on first use and stay: start them up front so

@@ -19,16 +19,22 @@ def make_pool(
     config: Settings, job: Any, name: str, base_seed: int, restores: list[Any] | None = None
 ) -> Any:
     """Start a pool of *config*'s backend (its workers start lazily): worker processes,
-    threads, or event loops (in threads of this process, or one in each worker process).
+    threads, event loops (in threads of this process, or one in each worker process), or
+    Ray actors.
     *restores*: what each worker restores once started (a resumed pass), by worker id."""
     from pipeflow.parallel._worker import WorkerSpec
 
     # The global generators are a worker's own only in a process, and reproducible only
     # where which worker gets which item does not depend on timing (round robin).
-    rng = config.rng_state if config.backend == "process" and config.round_robin else None
+    own = config.backend in ("process", "ray")  # a worker process, or a Ray actor's
+    rng = config.rng_state if own and config.round_robin else None
     spec = WorkerSpec(
         job, 0, config.workers, base_seed, config.worker_init, rng_state=rng, restore=restores
     )
+    if config.backend == "ray":
+        from pipeflow.parallel._ray import ray_pool
+
+        return ray_pool(spec, config, name)
     if config.backend == "process":
         from pipeflow.parallel._processes import ProcessPool
         from pipeflow.parallel._warm import warm_context

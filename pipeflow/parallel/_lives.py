@@ -1,5 +1,6 @@
-"""The lives of a process pool's workers: a worker that dies is replaced within a budget of
-restarts per pass, and a sample at the heart of repeated deaths is named as a poison sample.
+"""The lives of a pool's workers (processes, or Ray actors): a worker that dies is replaced
+within a budget of restarts per pass, and a sample at the heart of repeated deaths is named as
+a poison sample.
 
 A new worker takes a dead one's id (and so its seed and its share under round-robin), but
 its shared-memory segments are its own: new file names, and a new key under which the main
@@ -92,11 +93,14 @@ class Lives:
             "worker that reads it); fix it, or leave it out of the dataset"
         )
 
-    def start_pass(self, reader: Any) -> None:
-        """A new pass: its own budget; the ended lives' mappings and files go."""
+    def start_pass(self, reader: Any = None) -> None:
+        """A new pass: its own budget; the ended lives' mappings and files go (*reader*
+        ``None``: the workers have none, as Ray actors, whose results travel in Ray's object
+        store)."""
         self.used = 0
         self.suspects.clear()
-        for key, prefix in self.dead:
-            reader.forget(key)
-            _segments.sweep(prefix)
+        if reader is not None:
+            for key, prefix in self.dead:
+                reader.forget(key)
+                _segments.sweep(prefix)
         self.dead.clear()

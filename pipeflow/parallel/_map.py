@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
@@ -101,6 +101,7 @@ def parallel_map(
     round_robin: bool = False,
     rng_state: str | None = "torch",
     restarts: int = 0,
+    ray_options: Mapping[str, Any] | None = None,
 ) -> Stage[T, U]:
     """Apply *fn* to every item on a pool of threads or processes.
 
@@ -112,6 +113,10 @@ def parallel_map(
     - ``backend="process"``: for CPU-bound Python. *fn* (with its dataset) goes to each worker
       once, when the pool starts; numpy arrays and CPU tensors come back through shared
       memory. ``fork``, ``forkserver`` and ``spawn`` all work.
+    - ``backend="ray"`` (the ``pipeflow[ray]`` extra): in Ray actors across a cluster, each
+      holding *fn* and *worker_init* as a persistent worker does; results come back through
+      Ray's object store. It connects as Ray does (a Ray already initialised, else
+      ``RAY_ADDRESS``, else a local instance). See the how-to "Preprocess on a Ray cluster".
 
     An ``async def`` *fn* (or an object whose ``__call__`` is one) runs on asyncio event loops:
     *workers* loops in threads, or one loop in each worker process; many items per loop at
@@ -143,10 +148,12 @@ def parallel_map(
         fn: the function, or a stage that yields one item per item.
         workers: how many threads or processes; ``0`` runs *fn* in the calling thread.
         backend: ``"thread"`` (the default: a function per item is most often I/O or
-            decoding, which waits or releases the GIL) or ``"process"``. ``parallel_source``
-            defaults to processes instead, as torch runs an ``IterableDataset``'s copies.
+            decoding, which waits or releases the GIL), ``"process"``, or ``"ray"`` (actors
+            on a Ray cluster). ``parallel_source`` defaults to processes instead, as torch
+            runs an ``IterableDataset``'s copies.
         ordered: keep the input order (else completion order).
-        max_in_flight: bound on items out at once; default ``2 * workers``.
+        max_in_flight: bound on items out at once; default ``2 * workers`` (``8 * workers``
+            for Ray actors, which get their items in calls of half their share).
         mp_context: start method (``"fork"``, ``"forkserver"``, ``"spawn"``) or a
             multiprocessing context, for processes; default: the platform's.
         worker_init: called as ``worker_init(worker_id)`` in each worker once it has started.
@@ -163,9 +170,12 @@ def parallel_map(
             that a resumed pass draws the same numbers: ``"torch"`` (torch's; the default),
             ``"all"`` (Python's ``random`` and numpy's too: about 0.1 ms an item more), or
             ``None`` (see :mod:`pipeflow._rngs` and the how-to "Resume a run mid-epoch").
-        restarts: process workers only: how many dead workers a pass may replace (their
-            items go to the new worker, which starts with the dead one's id and seed);
-            ``0`` ends the pass at the first death.
+        restarts: process workers and Ray actors only: how many dead workers a pass may
+            replace (their items go to the new worker, which starts with the dead one's id
+            and seed); ``0`` ends the pass at the first death.
+        ray_options: ``backend="ray"`` only: Ray's options for each actor (``num_cpus``,
+            ``num_gpus``, ``resources``, ``scheduling_strategy``, ``runtime_env``, ...);
+            default ``{"num_cpus": 1, "scheduling_strategy": "SPREAD"}``.
 
     Raises:
         TypeError, ValueError: for a bad argument, when the stage is built. An *fn* (or
@@ -182,20 +192,7 @@ def parallel_map(
         >>> list(loader)
         [['a', 'b'], ['c', 'd'], ['e']]
     """
-    if isinstance(fn, Stage):
-        if any(fn.length(k) != k for k in (1, 2, 3, 7)):
-            bad = next((s.name for s in fn.stages if s.length(2) != 2), fn.name)
-            msg = (
-                f"parallel_map: fn must be one-to-one, but stage {bad!r} can change the number "
-                "of items; run it before or after the parallel stage"
-            )
-            raise ValueError(msg)
-        for s in fn.stages:  # a coroutine function inside a stage: nothing would await it
-            for key, value in s.config.items():
-                refuse(f"parallel_map: stage {s.name!r}", key, value)
-    elif not callable(fn):
-        msg = f"parallel_map: fn must be callable or a stage (got {type(fn).__name__})"
-        raise TypeError(msg)
+    _check_fn(fn)
     config = settings(
         "parallel_map",
         workers=workers,
@@ -211,8 +208,27 @@ def parallel_map(
         coroutines=is_coroutine_function(fn),
         rng_state=rng_state,
         restarts=restarts,
+        ray_options=ray_options,
     )
     if is_coroutine_function(fn):
         config = dataclasses.replace(config, coroutines=True)
     config.check_picklable("parallel_map", fn=fn)
     return ParallelMap(fn, config)
+
+
+def _check_fn(fn: Any) -> None:
+    """*fn*: a callable, or a one-to-one stage with no coroutine function inside."""
+    if isinstance(fn, Stage):
+        if any(fn.length(k) != k for k in (1, 2, 3, 7)):
+            bad = next((s.name for s in fn.stages if s.length(2) != 2), fn.name)
+            msg = (
+                f"parallel_map: fn must be one-to-one, but stage {bad!r} can change the number "
+                "of items; run it before or after the parallel stage"
+            )
+            raise ValueError(msg)
+        for s in fn.stages:  # a coroutine function inside a stage: nothing would await it
+            for key, value in s.config.items():
+                refuse(f"parallel_map: stage {s.name!r}", key, value)
+    elif not callable(fn):
+        msg = f"parallel_map: fn must be callable or a stage (got {type(fn).__name__})"
+        raise TypeError(msg)

@@ -17,11 +17,26 @@ from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 from pipeflow._rngs import KINDS
 from pipeflow._seeds import WORKERS_SLOT
+from pipeflow.parallel._ray_options import check_ray_options
 
-__all__ = ["COROUTINES_PER_WORKER", "MAX_RESTARTS", "MAX_WORKERS", "Settings", "settings"]
+__all__ = [
+    "BACKENDS",
+    "COROUTINES_PER_WORKER",
+    "MAX_RESTARTS",
+    "MAX_WORKERS",
+    "RAY_PER_WORKER",
+    "Settings",
+    "settings",
+]
 
+#: The pools a parallel stage may run on.
+BACKENDS = ("thread", "process", "ray")
 #: The default bound on coroutines in flight, per event loop: I/O waits, so many at once.
 COROUTINES_PER_WORKER = 64
+#: The default bound on items in flight per Ray actor: an actor gets its items in calls of
+#: half as many, two calls queued, so that it starts the next call as it ends one (a call
+#: costs about a millisecond whatever it carries on a busy 2-core machine: see the Ray how-to).
+RAY_PER_WORKER = 8
 #: The most workers a pool may have: it starts them all at once, each a thread or a process
 #: (past a few thousand, a system's limits on threads and processes refuse them anyway).
 MAX_WORKERS = 4096
@@ -47,18 +62,24 @@ class Settings:
     coroutines: bool = False
     #: Which of a process worker's global generators a state saves (:mod:`pipeflow._rngs`).
     rng_state: str | None = "torch"
-    #: Process workers that may die in one pass and be replaced, their items sent again.
+    #: Process workers (or Ray actors) that may die in one pass and be replaced, their items
+    #: sent again.
     restarts: int = 0
+    #: ``backend="ray"``: Ray's options for each actor (see :mod:`._ray_options`).
+    ray_options: dict[str, Any] | None = None
 
     @property
     def in_flight(self) -> int:
         """The bound on items running at once: *max_in_flight*, by default twice the workers
-        (:data:`COROUTINES_PER_WORKER` times the workers for a coroutine function). Items out
-        (sent, not yet consumed) are bounded by the pool's ``backlog`` of it: the same, or
-        twice as many for event loops in threads."""
-        return (
-            self.max_in_flight or (COROUTINES_PER_WORKER if self.coroutines else 2) * self.workers
-        )
+        (:data:`COROUTINES_PER_WORKER` times the workers for a coroutine function,
+        :data:`RAY_PER_WORKER` times the actors for Ray). Items out (sent, not yet consumed)
+        are bounded by the pool's ``backlog`` of it: the same, or twice as many for event
+        loops in threads."""
+        if self.max_in_flight:
+            return self.max_in_flight
+        if self.coroutines:
+            return COROUTINES_PER_WORKER * self.workers
+        return (RAY_PER_WORKER if self.backend == "ray" else 2) * self.workers
 
     def base_seed(self, context: Context) -> int:
         """The workers' base seed for this pass: the caller's, else from (seed, epoch)."""
@@ -127,6 +148,7 @@ _DEFAULTS = {
     "round_robin": False,
     "rng_state": "torch",
     "restarts": 0,
+    "ray_options": None,
 }
 
 
@@ -163,12 +185,19 @@ def settings(
     coroutines: bool = False,
     rng_state: Any = "torch",
     restarts: Any = 0,
+    ray_options: Any = None,
 ) -> Settings:
     """Check the settings both parallel stages share; draw the seed when none is given. With
     *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
     worker's event loop awaits it before its first item."""
     workers = _checks.integer(name, "workers", workers, low=0, high=MAX_WORKERS)
-    _checks.one_of(name, "backend", backend, ("thread", "process"))
+    _checks.one_of(name, "backend", backend, BACKENDS)
+    if coroutines and backend == "ray":
+        msg = (
+            f"{name}: backend='ray' runs plain functions, one item at a time per actor (got a "
+            "coroutine function); run coroutines on backend='thread' or 'process'"
+        )
+        raise ValueError(msg)
     _check_mp_context(name, mp_context, backend)
     return Settings(
         workers=workers,
@@ -190,16 +219,18 @@ def settings(
         coroutines=coroutines,
         rng_state=_checks.one_of(name, "rng_state", rng_state, KINDS),
         restarts=_restarts(name, restarts, backend),
+        ray_options=check_ray_options(name, ray_options, backend),
     )
 
 
 def _restarts(name: str, restarts: Any, backend: str) -> int:
-    """``restarts``, checked: a count, for process workers only (a thread can't die alone)."""
+    """``restarts``, checked: a count, for process workers and Ray actors only (a thread
+    can't die alone)."""
     count = _checks.integer(name, "restarts", restarts, low=0, high=MAX_RESTARTS)
-    if count and backend != "process":
+    if count and backend == "thread":
         msg = (
-            f"{name}: restarts applies to backend='process' only (got restarts={count} "
-            f"with backend={backend!r}): a thread worker can't die alone"
+            f"{name}: restarts applies to backend='process' or 'ray' only (got "
+            f"restarts={count} with backend={backend!r}): a thread worker can't die alone"
         )
         raise ValueError(msg)
     return count

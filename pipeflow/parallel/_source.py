@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -108,6 +108,7 @@ def parallel_source(
     persistent: bool = False,
     seed: int | None = None,
     rng_state: str | None = "torch",
+    ray_options: Mapping[str, Any] | None = None,
 ) -> Loader[T]:
     """Run a copy of *loader* in each worker and interleave their outputs, round-robin.
 
@@ -169,6 +170,7 @@ def parallel_source(
         seed=seed,
         round_robin=True,
         rng_state=rng_state,
+        ray_options=ray_options,
     )
     config.check_picklable("parallel_source", loader=loader)
     return Loader(_ParallelSource(loader, config))

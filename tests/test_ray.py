@@ -1,0 +1,283 @@
+"""``backend="ray"`` on a real Ray: a cluster of three nodes simulated on this machine with
+Ray's own ``ray.cluster_utils.Cluster`` (a head that runs no actors, two nodes of two CPUs,
+each its own raylet on the loopback address).
+
+The same items as the reference run for any actor count, in order or not; a task that
+raises; an actor killed with ``ray.kill`` and a node removed mid-epoch (every item once, or
+past the restarts a clear error naming the node and the items); a state resumed in a new
+process that connects through ``RAY_ADDRESS``, with another actor count; and after every
+test, no actor of a pass left alive (``ray.util.state``). The cluster starts once for the
+module (about 25 s on 2 cores); the node is removed by the last test.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeflow as pf
+from tests import _ray_cases as cases
+from tests.faults import RaiseAt, Samples, Share
+from tests.strategies import lengths
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+STORE = 80 * 1024**2  # each node's object store: small, this machine is shared
+FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """Three raylets: a head with the dashboard (``ray.util.state`` asks it) and no CPUs, so
+    that actors land on the two worker nodes, which the node test can remove."""
+    made = cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": STORE,
+            "include_dashboard": True,
+            "_system_config": FAST_HEALTH,
+        },
+    )
+    try:
+        for _ in range(2):
+            made.add_node(num_cpus=2, object_store_memory=STORE)
+        made.wait_for_nodes()
+        ray.init(address=made.address, log_to_driver=False)
+        yield made
+    finally:
+        ray.shutdown()
+        made.shutdown()
+
+
+def _alive_pipeflow_actors() -> list[Any]:
+    from ray.util.state import list_actors
+
+    alive = list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
+    return [a for a in alive if (a.name or "").startswith("pipeflow/")]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(cluster: Any) -> Any:
+    """After each test: no actor of its passes alive (Ray reports a kill within moments)."""
+    yield
+    deadline = time.monotonic() + 5.0
+    while (left := _alive_pipeflow_actors()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"actors left running: {[a.name for a in left]}"
+
+
+def _items_lists() -> Any:
+    """Lists of items drawn from the shared lengths (capped: every example runs on Ray)."""
+    return lengths.map(lambda n: min(n, 60)).flatmap(
+        lambda n: st.lists(st.integers(-1000, 1000), min_size=n, max_size=n)
+    )
+
+
+class _Held:
+    """A re-iterable source whose items a test sets before each pass (so that one loader,
+    and its persistent actors, serve every example)."""
+
+    items: ClassVar[list[int]] = []
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+
+@pytest.mark.parametrize(
+    ("workers", "ordered", "in_flight"), [(1, True, None), (3, True, 5), (3, False, 1)]
+)
+def test_the_same_items_as_one_process_for_any_actor_count(
+    cluster: Any, workers: int, ordered: bool, in_flight: int | None
+) -> None:
+    stage = pf.parallel_map(
+        cases.cube,
+        workers=workers,
+        backend="ray",
+        ordered=ordered,
+        max_in_flight=in_flight,
+        persistent=True,
+    )
+    loader = pf.from_iterable(_Held()) | stage
+
+    @settings(max_examples=10)
+    @given(items=_items_lists())
+    def check(items: list[int]) -> None:
+        _Held.items = items
+        got = list(loader)
+        want = [cases.cube(i) for i in items]
+        assert got == want if ordered else sorted(got) == sorted(want)
+
+    with loader:
+        check()
+
+
+def test_draws_keyed_by_position_match_the_process_backend(cluster: Any) -> None:
+    def run(**kw: Any) -> list[Any]:
+        stage = pf.parallel_map(pf.random_map(cases.noise, seed=5), seed=9, **kw)
+        with pf.indices(23) | pf.shuffle(seed=4) | stage as loader:
+            return list(loader)
+
+    assert run(workers=3, backend="ray") == run(workers=2, backend="process")
+
+
+def test_parallel_source_runs_a_replica_in_each_actor(cluster: Any) -> None:
+    """Each actor iterates its own copy of the loader, which splits itself by the worker
+    info the actor sets (``backend="ray"``, its node named)."""
+    source = pf.from_iterable(Share(11)) | pf.map(cases.with_worker)
+    with pf.parallel_source(source, workers=2, backend="ray") as loader:
+        got = list(loader)
+    assert [i for i, _ in got] == list(range(11))
+    assert {(i % 2, w) for i, w in got} == {(0, "0 of 2 ray"), (1, "1 of 2 ray")}
+
+
+def test_a_task_that_raises_is_a_value_and_the_pass_goes_on(cluster: Any) -> None:
+    stage = pf.parallel_map(pf.fetch(Samples(8, RaiseAt(5))), workers=2, backend="ray")
+    with pf.indices(8) | stage as loader:
+        it = iter(loader)
+        assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
+        with pytest.raises(KeyError, match="injected failure at 5") as caught:
+            next(it)
+        assert list(it) == [6, 7]
+    note = " ".join(getattr(caught.value, "__notes__", []))
+    assert "sample index 5" in note and "ray actor" in note and "node " in note, note
+    dropped = pf.indices(8) | stage | pf.ignore_errors(max_count=1)
+    with dropped:
+        assert list(dropped) == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_results_are_read_from_the_object_store_without_a_copy(cluster: Any) -> None:
+    stage = pf.parallel_map(cases.big, workers=2, backend="ray")
+    with pf.indices(4) | stage as loader:
+        arrays = list(loader)
+    assert [int(a[0, 0]) for a in arrays] == [0, 1, 2, 3]
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    for a in arrays:
+        address = a.__array_interface__["data"][0]
+        inside = [line for line in maps if _holds(line, address)]
+        assert inside and ("plasma" in inside[0] or "/dev/shm" in inside[0]), inside
+        a[0, 0] = -1  # writable, as a process worker's result is
+
+
+def _holds(line: str, address: int) -> bool:
+    start, end = (int(x, 16) for x in line.split()[0].split("-"))
+    return start <= address < end
+
+
+def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(cluster: Any, caplog: Any) -> None:
+    stage = pf.parallel_map(
+        pf.fetch(cases.SlowSquares(60)), workers=2, backend="ray", restarts=1, max_in_flight=8
+    )
+    with pf.indices(60) | stage as loader, caplog.at_level(logging.WARNING, "pipeflow"):
+        it = iter(loader)
+        got = [next(it) for _ in range(10)]
+        victim = sorted(n for n in ray.util.list_named_actors() if n.startswith("pipeflow/"))[0]
+        ray.kill(ray.get_actor(victim))
+        got += list(it)
+    assert got == [i * i for i in range(60)]
+    assert "killed by `ray.kill`" in caplog.text and "a new actor takes its place" in caplog.text
+    stats = loader.stats().stages[-1]  # the actors' time on items, as for worker processes
+    assert stats.workers == 2 and stats.worker_busy and stats.item_seconds_p50 >= 0.009
+    assert stats.queue_occupancy is not None and 0 < stats.queue_occupancy <= 1
+
+
+def test_past_the_restarts_a_killed_actor_ends_the_pass_naming_node_and_items(
+    cluster: Any,
+) -> None:
+    stage = pf.parallel_map(pf.fetch(cases.SlowSquares(60)), workers=2, backend="ray")
+    with pf.indices(60) | stage as loader:
+        it = iter(loader)
+        got = [next(it) for _ in range(10)]
+        victim = sorted(n for n in ray.util.list_named_actors() if n.startswith("pipeflow/"))[0]
+        ray.kill(ray.get_actor(victim))
+        with pytest.raises(pf.WorkerDiedError) as caught:
+            got += list(it)
+    text = str(caught.value)
+    assert "ray actor 0 of 2" in text and "node " in text and "sample indices" in text, text
+    assert caught.value.node is not None and caught.value.undelivered
+    delivered = set(got)
+    assert not delivered & {i * i for i in caught.value.undelivered}
+
+
+RESUME = textwrap.dedent(
+    """
+    import pickle, sys
+    from tests._ray_cases import resumable
+    kind, workers, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    loader = resumable(kind, workers)
+    with open(path, "rb") as f:
+        loader.load_state_dict(pickle.load(f))
+    with loader:
+        rest = list(loader)
+    with open(path, "wb") as f:
+        pickle.dump(rest, f)
+    """
+)
+
+
+def test_a_state_resumes_exactly_with_another_actor_count(cluster: Any) -> None:
+    """Map-style, draws keyed by position: a state taken with 3 actors resumes on 2."""
+    with cases.resumable("draws", 3) as loader:
+        it = iter(loader)
+        head = [next(it) for _ in range(6)]
+        state = loader.state_dict()
+        whole = head + list(it)  # the same pass, uninterrupted
+    with cases.resumable("draws", 2) as loader:
+        loader.load_state_dict(state)
+        assert head + list(loader) == whole
+
+
+def test_a_state_resumes_exactly_in_a_new_process(cluster: Any, tmp_path: Path) -> None:
+    """Each actor's copy of a stateful dataset counts its reads (which each sample shows):
+    the replies' states make the state; a new interpreter, which finds the cluster through
+    ``RAY_ADDRESS`` (Ray's convention), loads it into a freshly built loader."""
+    with cases.resumable("stateful", 2) as loader:
+        it = iter(loader)
+        head = [next(it) for _ in range(7)]
+        state = loader.state_dict()
+        whole = head + list(it)  # the same pass, uninterrupted
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps(state))
+    env = {**os.environ, "RAY_ADDRESS": cluster.address, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", RESUME, "stateful", "2", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rest = pickle.loads(path.read_bytes())
+    assert head + rest == whole
+
+
+def test_a_node_removed_mid_epoch_loses_and_repeats_nothing(cluster: Any, caplog: Any) -> None:
+    """Last: the cluster has one worker node after it."""
+    stage = pf.parallel_map(cases.where, workers=2, backend="ray", restarts=2)
+    with pf.indices(150) | stage as loader, caplog.at_level(logging.WARNING, "pipeflow"):
+        it = iter(loader)
+        got = [next(it) for _ in range(10)]
+        node = next(n for n in cluster.worker_nodes if n.node_id == got[-1][1])
+        cluster.remove_node(node, allow_graceful=False)
+        got += list(it)
+    assert [i for i, _ in got] == list(range(150))
+    assert "a new actor takes its place" in caplog.text, caplog.text
+    assert node.node_id[:8] in caplog.text
+    (left,) = cluster.worker_nodes
+    assert {n for _, n in got[-20:]} == {left.node_id}  # the replacement runs on the other
