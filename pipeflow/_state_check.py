@@ -9,7 +9,9 @@ epoch, where the next pass starts, each record by stage position, and the seeds 
 
 Records are checked by the stage that keeps them (:meth:`pipeflow.Stage.check_record`), with
 what the position says that stage's consumer took, so a record that would skip what was not
-delivered, or deliver again what was, is refused instead of giving wrong data.
+delivered, or deliver again what was, is refused instead of giving wrong data; a stage whose
+record belongs to one pass (a buffer shuffle's: an epoch and a seed) also refuses, through
+``check_pass``, a record from a pass of another epoch or seed than the state's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from pipeflow._seeds import is_workers
+from pipeflow._seeds import is_workers, replaced
 from pipeflow.state import (
     VERSION,
     check_inputs,
@@ -58,6 +60,7 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     adopted = _check_seeds(seeds(source, stages), state["seeds"])
     _check_length(state, length)
     records = _check_records(stages, _totals(source, stages), state)
+    _check_passes(source, stages, records, adopted, state["epoch"])
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     skip = plan(stages, [None] * len(stages), resume).source_skip
     if "source" in state:
@@ -216,6 +219,22 @@ def _check_records(
                 raise _fail(msg)
             k = answer.inputs if answer.kind == "below" else None
     return out
+
+
+def _check_passes(
+    source: Any, stages: Sequence[Any], records: dict[int, Any], adopted: list[int], epoch: int
+) -> None:
+    """Refuse a checked record that belongs to another pass than the one the state resumes
+    (a buffer shuffle's, from another epoch or seed): the stages that keep such records say
+    so through ``check_pass(record, where, epoch)``, as they will run (with *adopted*)."""
+    if not any(hasattr(stages[i], "check_pass") for i in records):
+        return
+    _, *running = replaced([source, *stages], iter(adopted))
+    for i, record in records.items():
+        check_pass = getattr(running[i], "check_pass", None)
+        if check_pass is not None:
+            where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
+            check_pass(record, where, epoch)
 
 
 def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:

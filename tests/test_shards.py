@@ -233,14 +233,19 @@ def test_malformed_reader_and_buffer_records_are_refused_and_leave_the_loader(
     for _ in range(7):
         next(it)
     good = loader.state_dict()
+    pass_ = {"epoch": 0, "seed": 4}
+    assert good["stages"]["1"] == {"inputs": 7, "made": 7, "read": 10, **pass_}
     bad = [
         ("0", {"inputs": -1}),
         ("0", {"inputs": 1, "start": 2, "offset": "x"}),
         ("0", {"inputs": 1, "offset": 512}),
         ("0", {"inputs": 1, "what": 1}),
-        ("1", {"inputs": 9, "made": 7, "read": 10}),
-        ("1", {"inputs": 0, "made": 6, "read": 10}),
-        ("1", {"inputs": 0, "made": 7, "read": 2}),
+        ("1", {"inputs": 9, "made": 7, "read": 10, **pass_}),
+        ("1", {"inputs": 0, "made": 6, "read": 10, **pass_}),
+        ("1", {"inputs": 0, "made": 7, "read": 2, **pass_}),
+        ("1", {"inputs": 7, "made": 7, "read": 10}),  # no epoch, no seed
+        ("1", {"inputs": 7, "made": 7, "read": 10, "epoch": -1, "seed": 4}),
+        ("1", {"inputs": 7, "made": 7, "read": 10, "epoch": 0, "seed": "4"}),
         ("1", "nope"),
     ]
     for key, record in bad:
@@ -250,6 +255,44 @@ def test_malformed_reader_and_buffer_records_are_refused_and_leave_the_loader(
         with pytest.raises(ValueError, match=r"load_state_dict: state\['stages'\]"):
             fresh.load_state_dict(state)
         assert [ident(s) for s in fresh] == full  # left as it was
+
+
+@pytest.mark.parametrize("seed", [4, None])
+def test_a_buffer_record_from_another_epoch_or_seed_is_refused_at_load(
+    tmp_path: Any, seed: int | None
+) -> None:
+    paths = write_shards(str(tmp_path), [5] * 4)
+
+    def make(shuffle_seed: int | None) -> Any:
+        shuffled = pf.shuffle(seed=shuffle_seed, buffer_size=3)
+        return pf.shards(paths, seed=2) | pf.read_tar() | shuffled
+
+    def state_at(loader: Any, epoch: int, step: int = 7) -> dict[str, Any]:
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        for _ in range(step):
+            next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+    source = make(seed)
+    good = state_at(source, 1)
+    other_epoch = dict(good, epoch=0)  # the same record, said to be epoch 0's
+    other_seed = json.loads(json.dumps(good))  # another seed's pass at the same position
+    other_seed["stages"]["1"] = state_at(make(None if seed is None else 5), 1)["stages"]["1"]
+    assert other_seed["stages"]["1"]["seed"] != good["stages"]["1"]["seed"]
+    whole = make(seed).with_seeds(iter(s for _, s, _ in good["seeds"]))  # as the state has it
+    whole.set_epoch(1)
+    full = [ident(s) for s in whole]
+    for state, what in [(other_epoch, "epoch 1 with seed"), (other_seed, "seed ")]:
+        fresh = make(seed)
+        untouched = fresh.state_dict()
+        with pytest.raises(ValueError, match=r"load_state_dict: state\['stages'\]\['1'\]") as e:
+            fresh.load_state_dict(state)
+        assert "is the buffer of a pass of epoch" in str(e.value) and what in str(e.value)
+        assert fresh.state_dict() == untouched  # left as it was
+    resumed = make(seed)
+    resumed.load_state_dict(good)  # the state itself resumes exactly
+    assert full[:7] + [ident(s) for s in resumed] == full
 
 
 # -- a kill, then a resume in a new process -------------------------------------------------------
