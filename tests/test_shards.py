@@ -295,6 +295,51 @@ def test_a_buffer_record_from_another_epoch_or_seed_is_refused_at_load(
     assert full[:7] + [ident(s) for s in resumed] == full
 
 
+# -- uneven shards and DDP: a real two-rank gloo job ---------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_uneven_shards_hang_ddp_with_whole_shards_and_not_with_the_default(tmp_path: Any) -> None:
+    sizes = [6, 2, 4]  # balance="shards" deals shards 0 and 2 to rank 0, shard 1 to rank 1
+    paths = write_shards(str(tmp_path), sizes)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(_free_port())
+    script = os.path.join(root, "tests", "_ddp_shards.py")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, script, str(tmp_path), *paths],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=90) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert [p.returncode for p in ranks] == [0, 0], [o[1][-3000:] for o in outs]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # the default policy: every rank the same number of steps, all of them done together
+    pad = [s["pad"] for s in seen]
+    assert [r["steps"] for r in pad] == [3, 3] and [r["hung"] for r in pad] == [None, None]
+    assert sorted(x for r in pad for x in r["samples"]) == sorted(_everything(sizes))
+    # whole shards, no Join: rank 0 has 5 batches, rank 1 one; rank 0's second all-reduce
+    # waits on a rank that will never join it, until the process group's timeout
+    whole = [s["shards"] for s in seen]
+    assert whole[1] == {"steps": 1, "samples": ["1-0", "1-1"], "hung": None}
+    assert whole[0]["steps"] == 1 and whole[0]["hung"] is not None, whole[0]
+    assert "timed out" in whole[0]["hung"].lower() or "timeout" in whole[0]["hung"].lower()
+
+
 # -- a kill, then a resume in a new process -------------------------------------------------------
 _SCRIPT = textwrap.dedent(
     """
