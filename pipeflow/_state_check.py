@@ -31,7 +31,14 @@ from pipeflow.state import (
     seeds,
 )
 
-__all__ = ["Loaded", "check", "check_workers", "map_record_inline", "same_workers"]
+__all__ = [
+    "Loaded",
+    "check",
+    "check_pass_record",
+    "check_workers",
+    "map_record_inline",
+    "same_workers",
+]
 
 
 class Loaded(NamedTuple):
@@ -72,6 +79,32 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
         )
         raise _fail(msg)
     return Loaded(state["epoch"], resume, adopted)
+
+
+def check_pass_record(
+    source: Any, stages: Sequence[Any], record: Any, where: str
+) -> dict[str, Any]:
+    """Check a loader's pass record (:meth:`pipeflow.Loader.pass_record`: ``{"position": p,
+    "stages": {...}, "source": ...}``, nested in another's record: a ``mix``'s loaders') as
+    :func:`check` checks a state's: its form, each stage's record, the source's."""
+    record_keys(record, where, {"position"}, {"stages", "source"})
+    position = integer(record["position"], f"{where}['position']")
+    stages_record = record.get("stages", {})
+    if not isinstance(stages_record, dict):
+        raise _fail(f"{where}['stages'] must be a dict (got {stages_record!r})")
+    state = {"position": position, "stages": stages_record}
+    records = _check_records(stages, _totals(source, stages), state)
+    out: dict[str, Any] = {"position": position, "stages": records}
+    skip = plan(stages, [None] * len(stages), out).source_skip
+    if "source" in record:
+        out["source"] = source.check_record(record["source"], skip)
+    elif skip and getattr(source, "requires_record", lambda: False)():
+        raise _fail(
+            f"{where}['source'] is missing: its source keeps a record, and {skip} "
+            "of its items were consumed"
+        )
+    out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
+    return out
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
