@@ -9,7 +9,9 @@ epoch, where the next pass starts, each record by stage position, and the seeds 
 
 Records are checked by the stage that keeps them (:meth:`pipeflow.Stage.check_record`), with
 what the position says that stage's consumer took, so a record that would skip what was not
-delivered, or deliver again what was, is refused instead of giving wrong data.
+delivered, or deliver again what was, is refused instead of giving wrong data; a stage whose
+record belongs to one pass (a buffer shuffle's: an epoch and a seed) also refuses, through
+``check_pass``, a record from a pass of another epoch or seed than the state's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from pipeflow._seeds import is_workers
+from pipeflow._seeds import is_workers, replaced
 from pipeflow.state import (
     VERSION,
     check_inputs,
@@ -29,7 +31,14 @@ from pipeflow.state import (
     seeds,
 )
 
-__all__ = ["Loaded", "check", "check_workers", "map_record_inline", "same_workers"]
+__all__ = [
+    "Loaded",
+    "check",
+    "check_pass_record",
+    "check_workers",
+    "map_record_inline",
+    "same_workers",
+]
 
 
 class Loaded(NamedTuple):
@@ -58,6 +67,7 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     adopted = _check_seeds(seeds(source, stages), state["seeds"])
     _check_length(state, length)
     records = _check_records(stages, _totals(source, stages), state)
+    _check_passes(source, stages, records, adopted, state["epoch"])
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     skip = plan(stages, [None] * len(stages), resume).source_skip
     if "source" in state:
@@ -69,6 +79,32 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
         )
         raise _fail(msg)
     return Loaded(state["epoch"], resume, adopted)
+
+
+def check_pass_record(
+    source: Any, stages: Sequence[Any], record: Any, where: str
+) -> dict[str, Any]:
+    """Check a loader's pass record (:meth:`pipeflow.Loader.pass_record`: ``{"position": p,
+    "stages": {...}, "source": ...}``, nested in another's record: a ``mix``'s loaders') as
+    :func:`check` checks a state's: its form, each stage's record, the source's."""
+    record_keys(record, where, {"position"}, {"stages", "source"})
+    position = integer(record["position"], f"{where}['position']")
+    stages_record = record.get("stages", {})
+    if not isinstance(stages_record, dict):
+        raise _fail(f"{where}['stages'] must be a dict (got {stages_record!r})")
+    state = {"position": position, "stages": stages_record}
+    records = _check_records(stages, _totals(source, stages), state)
+    out: dict[str, Any] = {"position": position, "stages": records}
+    skip = plan(stages, [None] * len(stages), out).source_skip
+    if "source" in record:
+        out["source"] = source.check_record(record["source"], skip)
+    elif skip and getattr(source, "requires_record", lambda: False)():
+        raise _fail(
+            f"{where}['source'] is missing: its source keeps a record, and {skip} "
+            "of its items were consumed"
+        )
+    out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
+    return out
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -216,6 +252,22 @@ def _check_records(
                 raise _fail(msg)
             k = answer.inputs if answer.kind == "below" else None
     return out
+
+
+def _check_passes(
+    source: Any, stages: Sequence[Any], records: dict[int, Any], adopted: list[int], epoch: int
+) -> None:
+    """Refuse a checked record that belongs to another pass than the one the state resumes
+    (a buffer shuffle's, from another epoch or seed): the stages that keep such records say
+    so through ``check_pass(record, where, epoch)``, as they will run (with *adopted*)."""
+    if not any(hasattr(stages[i], "check_pass") for i in records):
+        return
+    _, *running = replaced([source, *stages], iter(adopted))
+    for i, record in records.items():
+        check_pass = getattr(running[i], "check_pass", None)
+        if check_pass is not None:
+            where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
+            check_pass(record, where, epoch)
 
 
 def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:

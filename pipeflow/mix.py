@@ -17,6 +17,7 @@ from pipeflow import _checks
 from pipeflow._context import Context, Hooks
 from pipeflow._random import MIX, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
+from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
 from pipeflow.state import integer, record_keys
 
@@ -164,11 +165,39 @@ class _Mix(Source[Any]):
             if not isinstance(record["ended"][i], bool):
                 raise ValueError(f"load_state_dict: {where}['ended'][{i}] must be a bool")
             child = record["loaders"][i]
+            if child is None and not record["ended"][i]:  # where it stands is missing
+                msg = (
+                    f"load_state_dict: {where}['loaders'][{i}] is None, but loader {i} has not "
+                    f"ended ({where}['ended'][{i}] is False): its {record['counts'][i]} items "
+                    "consumed would be read again"
+                )
+                raise ValueError(msg)
+            if child is not None and record["ended"][i]:
+                msg = (
+                    f"load_state_dict: {where}['loaders'][{i}] holds where loader {i} stands, "
+                    f"but {where}['ended'][{i}] says it ended (an ended loader's is None)"
+                )
+                raise ValueError(msg)
             if child is not None:
-                record_keys(child, f"{where}['loaders'][{i}]", {"position"}, {"stages", "source"})
-                integer(child["position"], f"{where}['loaders'][{i}]['position']")
-        if sum(record["counts"]) > position and not any(record["cycles"]):
-            msg = f"load_state_dict: {where} counts more items than the position {position}"
+                loader = self.loaders[i]
+                place = f"{where}['loaders'][{i}]"
+                checked = check_pass_record(loader.source, loader.stages, child, place)
+                if checked["position"] != record["counts"][i]:
+                    msg = (
+                        f"load_state_dict: {place}['position'] is {checked['position']}, and "
+                        f"{where}['counts'][{i}] says {record['counts'][i]} of its items were "
+                        "consumed"
+                    )
+                    raise ValueError(msg)
+        # every output is one loader's, in its current pass or in one it ended (at least
+        # one output each: an empty loader is not started again)
+        made, ended_passes = sum(record["counts"]), sum(record["cycles"])
+        if made + ended_passes > position or (made != position and not ended_passes):
+            msg = (
+                f"load_state_dict: {where} counts {made} items from its loaders' passes in "
+                f"play and {ended_passes} passes ended, and the position says {position} "
+                "items were consumed"
+            )
             raise ValueError(msg)
         return dict(record)
 

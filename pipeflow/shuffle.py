@@ -13,7 +13,7 @@ from pipeflow._permutation import Permutation
 from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
-from pipeflow.state import Resume, check_inputs, integer
+from pipeflow.state import Resume, check_inputs, integer, record_keys
 
 __all__ = ["shuffle"]
 
@@ -138,11 +138,15 @@ class _BufferShuffle(Stage[T, T]):
     def check_record(
         self, record: Any, where: str, consumed: int | None, total: int | None
     ) -> dict[str, Any]:
-        """``{"inputs": n, "made": t, "read": r}``: *n* must be where the buffer's oldest
-        item was read once *t* outputs were made from *r* inputs (replayed to check)."""
-        checked = check_inputs(record, where, None, None, {"made", "read"})
-        made = integer(checked.get("made", 0), f"{where}['made']", 0, consumed)
-        read = integer(checked.get("read", 0), f"{where}['read']", 0, total)
+        """``{"inputs": n, "made": t, "read": r, "epoch": e, "seed": s}``: *t* outputs made
+        from *r* inputs, *n* at most *t* (every input before the buffer's oldest item went
+        out); which pass it is from, *e* and *s*, is checked by :meth:`check_pass`."""
+        record_keys(record, where, {"inputs", "made", "read", "epoch", "seed"}, set())
+        checked = check_inputs(record, where, None, None, {"made", "read", "epoch", "seed"})
+        made = integer(checked["made"], f"{where}['made']", 0, consumed)
+        read = integer(checked["read"], f"{where}['read']", 0, total)
+        epoch = integer(checked["epoch"], f"{where}['epoch']")
+        seed = integer(checked["seed"], f"{where}['seed']", 0, 2**64 - 1)
         size = self._config["buffer_size"]
         if consumed is not None and made != consumed:
             msg = f"load_state_dict: {where} made {made} outputs, the position says {consumed}"
@@ -159,7 +163,27 @@ class _BufferShuffle(Stage[T, T]):
                 f"(got {checked['inputs']})"
             )
             raise ValueError(msg)
-        return {"inputs": checked["inputs"], "made": made, "read": read}
+        return {
+            "inputs": checked["inputs"],
+            "made": made,
+            "read": read,
+            "epoch": epoch,
+            "seed": seed,
+        }
+
+    def check_pass(self, record: dict[str, Any], where: str, epoch: int) -> None:
+        """Refuse a (checked) record from a pass of another epoch or seed than the pass the
+        state resumes, epoch *epoch* of this stage (its seeds as the state gives them): its
+        buffer would be refilled with other inputs, and the rest of the epoch would repeat
+        some items and lose others."""
+        seed = int(self._config["seed"])
+        if record["epoch"] != epoch or record["seed"] != seed:
+            msg = (
+                f"load_state_dict: {where} is the buffer of a pass of epoch {record['epoch']} "
+                f"with seed {record['seed']}, but the state resumes epoch {epoch} with seed "
+                f"{seed}: the record is from another state; take the state again"
+            )
+            raise ValueError(msg)
 
 
 def replay(
@@ -184,19 +208,21 @@ class Buffer:
     """A buffer shuffle's record of one pass: snapshots of its buffer (the input number in
     each slot) every *size* outputs, so :meth:`after` replays at most that many draws.
 
-    A state holds ``{"inputs": n, "made": t, "read": r}``: *t* outputs made from *r* inputs,
-    and *n*, the input the buffer's oldest item came from. A resumed pass replays the *t*
-    draws from ``(seed, epoch)`` to know which input sits in which slot, reads the inputs
-    from *n* to *r* again (the upstream restarts at *n*), keeps the ones in the buffer, and
-    goes on: exactly the uninterrupted order, from positions only, re-reading the buffer's
-    span (about ``size * ln(size)`` inputs) instead of the epoch."""
+    A state holds ``{"inputs": n, "made": t, "read": r, "epoch": e, "seed": s}``: *t*
+    outputs made from *r* inputs in the pass of epoch *e* with seed *s* (a record from
+    another pass is refused at load), and *n*, the input the buffer's oldest item came
+    from. A resumed pass replays the *t* draws from ``(seed, epoch)`` to know which input
+    sits in which slot, reads the inputs from *n* to *r* again (the upstream restarts at
+    *n*), keeps the ones in the buffer, and goes on: exactly the uninterrupted order, from
+    positions only, re-reading the buffer's span (about ``size * ln(size)`` inputs) instead
+    of the epoch."""
 
     __slots__ = ("epoch", "first", "seed", "size", "snaps")
 
     def __init__(self, size: int, seed: int, epoch: int, saved: dict[str, Any] | None) -> None:
         self.size, self.seed, self.epoch = size, seed, epoch
         self.snaps: deque[tuple[int, int, Any, list[int], bool]] = deque(maxlen=8)
-        self.first = dict(saved) if saved else {"inputs": 0, "made": 0, "read": 0}
+        self.first = dict(saved) if saved else _record([], 0, 0, seed, epoch)
 
     def snap(
         self, made: int, read: int, rng: random.Random, nums: list[int], drained: bool
@@ -215,10 +241,10 @@ class Buffer:
         if best is None:  # older than the snapshots kept: replay from the epoch's start
             read = consumed + self.size
             _, nums, _ = replay(self.seed, self.size, self.epoch, consumed, read)
-            return _record(nums, consumed, read)
+            return _record(nums, consumed, read, self.seed, self.epoch)
         made, read, state, nums, drained = best
         if drained:  # the drain's order is known: what the consumer had not taken
-            return _record(nums[consumed - made :], consumed, read)
+            return _record(nums[consumed - made :], consumed, read, self.seed, self.epoch)
         nums = list(nums)
         rng = random.Random()
         rng.setstate(state)
@@ -228,11 +254,12 @@ class Buffer:
                 read += 1
             nums[rng.randrange(self.size)] = read
             read += 1
-        return _record(nums, consumed, read)
+        return _record(nums, consumed, read, self.seed, self.epoch)
 
 
-def _record(nums: list[int], made: int, read: int) -> dict[str, Any]:
-    return {"inputs": min(nums, default=read), "made": made, "read": read}
+def _record(nums: list[int], made: int, read: int, seed: int, epoch: int) -> dict[str, Any]:
+    inputs = min(nums, default=read)
+    return {"inputs": inputs, "made": made, "read": read, "epoch": epoch, "seed": int(seed)}
 
 
 def _buffer_shuffle(
@@ -242,6 +269,7 @@ def _buffer_shuffle(
     saved = hooks.saved
     size = buffer_size
     if saved:  # resumed: refill the buffer from the inputs since its oldest item
+        _same_pass(saved, seed, context.epoch)
         made, read = saved["made"], saved["read"]
         rng, nums, drained = replay(seed, size, context.epoch, made, read)
         if min(nums, default=read) != context.offset:
@@ -266,6 +294,18 @@ def _buffer_shuffle(
         yield from _steady(it, rng, buf, nums, made, read, size, record)
     else:
         yield from buf
+
+
+def _same_pass(saved: dict[str, Any], seed: int, epoch: int) -> None:
+    """Refuse the record of another pass (a loader nested in another's record: a mix's,
+    a worker's replica's, which a load checks only in its form)."""
+    if (saved["epoch"], saved["seed"]) != (epoch, int(seed)):
+        msg = (
+            f"shuffle: the state's record is the buffer of a pass of epoch {saved['epoch']} with "
+            f"seed {saved['seed']}, and this pass is epoch {epoch} with seed {int(seed)}: the "
+            "record is from another state; take the state again"
+        )
+        raise ValueError(msg)
 
 
 def _steady(

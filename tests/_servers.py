@@ -38,6 +38,7 @@ class _Files(http.server.BaseHTTPRequestHandler):
     folder = "."
     faults: ClassVar[dict[str, int]] = {}
     requests: ClassVar[list[str]] = []
+    heads: ClassVar[list[str]] = []
     protocol_version = "HTTP/1.1"
 
     def _file(self) -> bytes | None:
@@ -51,6 +52,7 @@ class _Files(http.server.BaseHTTPRequestHandler):
             return f.read()
 
     def do_HEAD(self) -> None:
+        self.heads.append(self.path)
         data = self._file()
         if data is not None:
             self.send_response(200)
@@ -91,8 +93,10 @@ class _Files(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def http_server(folder: str) -> Iterator[tuple[str, type[_Files]]]:
     """Serve *folder* on a free loopback port: ``(base URL, handler class)`` (set
-    ``handler.faults`` to inject resets; ``handler.requests`` lists the GETs)."""
-    handler = type("Files", (_Files,), {"folder": folder, "faults": {}, "requests": []})
+    ``handler.faults`` to inject resets; ``handler.requests`` lists the GETs, ``handler.heads`` the HEADs)."""
+    handler = type(
+        "Files", (_Files,), {"folder": folder, "faults": {}, "requests": [], "heads": []}
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -8,6 +8,8 @@ import os
 import tarfile
 from collections.abc import Sequence
 
+import pipeflow as pf
+
 
 def sample_id(shard: int, index: int) -> str:
     """The text every test sample carries: which shard, which sample."""
@@ -58,3 +60,22 @@ def ident(sample: dict) -> str:
     if "json" in sample:
         return sample["json"]["id"]
     return sample["id"]
+
+
+def stream_loader(
+    paths: Sequence[str],
+    rank: int = 0,
+    world: int = 1,
+    workers: int = 0,
+    backend: str = "thread",
+    seeds: Sequence[int] | None = None,
+) -> pf.Loader:
+    """This rank's tar shards, read, then buffer-shuffled, on *workers* workers of *backend*
+    (0: in line), whole shards dealt to the ranks; the seeds in order (shards, shuffle, the
+    workers'), or drawn (``None``: a state carries them)."""
+    drawn = iter(seeds) if seeds is not None else iter(lambda: None, 0)
+    shards = pf.shards(list(paths), seed=next(drawn), rank=rank, world_size=world, balance="shards")
+    inner = shards | pf.read_tar() | pf.shuffle(seed=next(drawn), buffer_size=4)
+    if not workers:
+        return inner
+    return pf.parallel_source(inner, workers=workers, backend=backend, seed=next(drawn))

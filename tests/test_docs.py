@@ -165,12 +165,26 @@ def check_output(path: Path, block: Block, got: str, shown: Block | None) -> Non
     pytest.fail(f"{where}: printed output differs from the page (line {shown.lineno}):\n{diff}")
 
 
+def fsspec_threads() -> set[threading.Thread]:
+    """fsspec's event loop thread and its default executor's threads: one set per process,
+    started by the first remote read (s3fs, HTTP) and kept, by fsspec's design, until the
+    interpreter exits; not an example's to stop."""
+    asyn = sys.modules.get("fsspec.asyn")
+    if asyn is None:
+        return set()
+    out = {t for t in threading.enumerate() if t.name == "fsspecIO"}
+    loop = asyn.loop[0]
+    executor = getattr(loop, "_default_executor", None) if loop is not None else None
+    return out | set(getattr(executor, "_threads", ()))
+
+
 def wait_for_cleanup(
     threads_before: set[threading.Thread], path: Path, children_before: set[Any] = frozenset()
 ) -> None:
     deadline = time.monotonic() + CLEANUP_GRACE
     while True:
-        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        kept = threads_before | fsspec_threads()
+        threads = [t for t in threading.enumerate() if t not in kept and t.is_alive()]
         # also reaps the finished ones; a process an earlier test left is not this page's
         children = [p for p in multiprocessing.active_children() if p not in children_before]
         if not threads and not children:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow.shards import split
-from tests._shards import ident, sample_id, write_shards
+from tests._shards import ident, sample_id, stream_loader, write_shards
 
 KINDS = ["tar", "jsonl", "parquet"]
 try:
@@ -35,11 +35,19 @@ def _everything(sizes: list[int]) -> list[str]:
     return [sample_id(k, i) for k, n in enumerate(sizes) for i in range(n)]
 
 
-def _rank_loader(paths: list[str], kind: str, rank: int, world: int, workers: int, **kw: Any):
+def _rank_loader(
+    paths: list[str],
+    kind: str,
+    rank: int,
+    world: int,
+    workers: int,
+    backend: str = "thread",
+    **kw: Any,
+) -> Any:
     inner = pf.shards(paths, seed=5, rank=rank, world_size=world, **kw) | READERS[kind]()
     if not workers:
         return inner
-    return pf.parallel_source(inner, workers=workers, backend="thread")
+    return pf.parallel_source(inner, workers=workers, backend=backend)
 
 
 # -- the split ----------------------------------------------------------------------------------
@@ -72,6 +80,38 @@ def test_balanced_ranks_read_equal_runs_of_the_epoch(
 
 
 # -- every sample once, the order from (seed, epoch), exact resume ------------------------------
+def _once_and_resume(
+    folder: str, sizes: list[int], world: int, workers: int, backend: str, **case: Any
+) -> None:
+    """Every rank's epoch, twice (the same: a function of (seed, epoch)), and resumed after
+    *step* items by a fresh loader from a JSON state (exactly the rest); every sample once
+    across the ranks."""
+    kind, step, epoch = case["kind"], case["step"], case["epoch"]
+    paths = write_shards(folder, sizes, kind)
+    seen: list[str] = []
+    for rank in range(world):
+
+        def make(rank: int = rank) -> Any:
+            loader = _rank_loader(paths, kind, rank, world, workers, backend, balance="shards")
+            loader.set_epoch(epoch)
+            return loader
+
+        full = [ident(s) for s in make()]
+        again = make()
+        assert [ident(s) for s in again] == full  # a function of (seed, epoch) alone
+        seen += full
+        # interrupted after `step` samples, resumed by a fresh loader: exactly the rest
+        again.set_epoch(epoch)
+        it = iter(again)
+        head = [ident(s) for s in itertools.islice(it, min(step, len(full)))]
+        state = json.loads(json.dumps(again.state_dict()))
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + [ident(s) for s in resumed] == full
+    assert sorted(seen) == sorted(_everything(sizes))
+
+
 @settings(max_examples=25)
 @given(
     sizes=st.lists(st.integers(0, 5), min_size=0, max_size=6),
@@ -92,25 +132,30 @@ def test_every_sample_once_across_the_job_and_an_exact_resume(
     epoch: int,
 ) -> None:
     folder = str(tmp_path_factory.mktemp("shards"))
-    paths = write_shards(folder, sizes, kind)
-    seen: list[str] = []
-    for rank in range(world):
-        loader = _rank_loader(paths, kind, rank, world, workers, balance="shards")
-        loader.set_epoch(epoch)
-        full = [ident(s) for s in loader]
-        again = _rank_loader(paths, kind, rank, world, workers, balance="shards")
-        again.set_epoch(epoch)
-        assert [ident(s) for s in again] == full  # a function of (seed, epoch) alone
-        seen += full
-        # interrupted after `step` samples, resumed by a fresh loader: exactly the rest
-        again.set_epoch(epoch)
-        it = iter(again)
-        head = [ident(s) for s in itertools.islice(it, min(step, len(full)))]
-        state = json.loads(json.dumps(again.state_dict()))
-        resumed = _rank_loader(paths, kind, rank, world, workers, balance="shards")
-        resumed.load_state_dict(state)
-        assert head + [ident(s) for s in resumed] == full
-    assert sorted(seen) == sorted(_everything(sizes))
+    _once_and_resume(folder, sizes, world, workers, "thread", kind=kind, step=step, epoch=epoch)
+
+
+@settings(max_examples=4)  # each example starts 3 pools of processes per rank
+@given(
+    sizes=st.lists(st.integers(0, 5), min_size=0, max_size=5),
+    world=st.integers(1, 2),
+    workers=st.integers(1, 2),
+    kind=st.sampled_from(KINDS),
+    step=st.integers(0, 30),
+    epoch=st.integers(0, 3),
+)
+@example(sizes=[0, 4, 0, 3], world=2, workers=2, kind="tar", step=2, epoch=1)
+def test_every_sample_once_and_an_exact_resume_on_process_workers(
+    tmp_path_factory: Any,
+    sizes: list[int],
+    world: int,
+    workers: int,
+    kind: str,
+    step: int,
+    epoch: int,
+) -> None:
+    folder = str(tmp_path_factory.mktemp("shards"))
+    _once_and_resume(folder, sizes, world, workers, "process", kind=kind, step=step, epoch=epoch)
 
 
 def test_the_order_changes_with_the_epoch_and_the_seed(tmp_path: Any) -> None:
@@ -233,14 +278,19 @@ def test_malformed_reader_and_buffer_records_are_refused_and_leave_the_loader(
     for _ in range(7):
         next(it)
     good = loader.state_dict()
+    pass_ = {"epoch": 0, "seed": 4}
+    assert good["stages"]["1"] == {"inputs": 7, "made": 7, "read": 10, **pass_}
     bad = [
         ("0", {"inputs": -1}),
         ("0", {"inputs": 1, "start": 2, "offset": "x"}),
         ("0", {"inputs": 1, "offset": 512}),
         ("0", {"inputs": 1, "what": 1}),
-        ("1", {"inputs": 9, "made": 7, "read": 10}),
-        ("1", {"inputs": 0, "made": 6, "read": 10}),
-        ("1", {"inputs": 0, "made": 7, "read": 2}),
+        ("1", {"inputs": 9, "made": 7, "read": 10, **pass_}),
+        ("1", {"inputs": 0, "made": 6, "read": 10, **pass_}),
+        ("1", {"inputs": 0, "made": 7, "read": 2, **pass_}),
+        ("1", {"inputs": 7, "made": 7, "read": 10}),  # no epoch, no seed
+        ("1", {"inputs": 7, "made": 7, "read": 10, "epoch": -1, "seed": 4}),
+        ("1", {"inputs": 7, "made": 7, "read": 10, "epoch": 0, "seed": "4"}),
         ("1", "nope"),
     ]
     for key, record in bad:
@@ -252,21 +302,103 @@ def test_malformed_reader_and_buffer_records_are_refused_and_leave_the_loader(
         assert [ident(s) for s in fresh] == full  # left as it was
 
 
+@pytest.mark.parametrize("seed", [4, None])
+def test_a_buffer_record_from_another_epoch_or_seed_is_refused_at_load(
+    tmp_path: Any, seed: int | None
+) -> None:
+    paths = write_shards(str(tmp_path), [5] * 4)
+
+    def make(shuffle_seed: int | None) -> Any:
+        shuffled = pf.shuffle(seed=shuffle_seed, buffer_size=3)
+        return pf.shards(paths, seed=2) | pf.read_tar() | shuffled
+
+    def state_at(loader: Any, epoch: int, step: int = 7) -> dict[str, Any]:
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        for _ in range(step):
+            next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+    source = make(seed)
+    good = state_at(source, 1)
+    other_epoch = dict(good, epoch=0)  # the same record, said to be epoch 0's
+    other_seed = json.loads(json.dumps(good))  # another seed's pass at the same position
+    other_seed["stages"]["1"] = state_at(make(None if seed is None else 5), 1)["stages"]["1"]
+    assert other_seed["stages"]["1"]["seed"] != good["stages"]["1"]["seed"]
+    whole = make(seed).with_seeds(iter(s for _, s, _ in good["seeds"]))  # as the state has it
+    whole.set_epoch(1)
+    full = [ident(s) for s in whole]
+    for state, what in [(other_epoch, "epoch 1 with seed"), (other_seed, "seed ")]:
+        fresh = make(seed)
+        untouched = fresh.state_dict()
+        with pytest.raises(ValueError, match=r"load_state_dict: state\['stages'\]\['1'\]") as e:
+            fresh.load_state_dict(state)
+        assert "is the buffer of a pass of epoch" in str(e.value) and what in str(e.value)
+        assert fresh.state_dict() == untouched  # left as it was
+    resumed = make(seed)
+    resumed.load_state_dict(good)  # the state itself resumes exactly
+    assert full[:7] + [ident(s) for s in resumed] == full
+
+
+# -- uneven shards and DDP: a real two-rank gloo job ---------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_uneven_shards_hang_ddp_with_whole_shards_and_not_with_the_default(tmp_path: Any) -> None:
+    sizes = [6, 2, 4]  # balance="shards" deals shards 0 and 2 to rank 0, shard 1 to rank 1
+    paths = write_shards(str(tmp_path), sizes)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(_free_port())
+    script = os.path.join(root, "tests", "_ddp_shards.py")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, script, str(tmp_path), *paths],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=90) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert [p.returncode for p in ranks] == [0, 0], [o[1][-3000:] for o in outs]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # the default policy: every rank the same number of steps, all of them done together
+    pad = [s["pad"] for s in seen]
+    assert [r["steps"] for r in pad] == [3, 3] and [r["hung"] for r in pad] == [None, None]
+    assert sorted(x for r in pad for x in r["samples"]) == sorted(_everything(sizes))
+    # whole shards, no Join: rank 0 has 5 batches, rank 1 one; rank 0's second all-reduce
+    # waits on a rank that will never join it, until the process group's timeout
+    whole = [s["shards"] for s in seen]
+    assert whole[1] == {"steps": 1, "samples": ["1-0", "1-1"], "hung": None}
+    assert whole[0]["steps"] == 1 and whole[0]["hung"] is not None, whole[0]
+    assert "timed out" in whole[0]["hung"].lower() or "timeout" in whole[0]["hung"].lower()
+
+
 # -- a kill, then a resume in a new process -------------------------------------------------------
 _SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys
     sys.path.insert(0, {root!r})
-    import pipeflow as pf
-    from tests._shards import ident
-    paths = {paths!r}
-    inner = pf.shards(paths) | pf.read_tar() | pf.shuffle(buffer_size=8)
-    loader = pf.parallel_source(inner, workers=2, backend="process")
+    from tests._shards import ident, stream_loader
+    case = json.loads(sys.argv[2])
+    args = [case[k] for k in ("paths", "rank", "world", "workers", "backend")]
+    loader = stream_loader(*args)
     if sys.argv[1] == "run":
-        loader.set_epoch(1)
+        loader.set_epoch(case["epoch"])
         it = iter(loader)
-        for _ in range({step}):
-            print(json.dumps(ident(next(it))), flush=True)
+        for _, s in zip(range(case["step"]), it):  # at most the rank's epoch
+            print(json.dumps(ident(s)), flush=True)
         print(json.dumps(loader.state_dict()), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     else:
@@ -279,34 +411,60 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("step", [0, 9, 31])
-def test_killed_then_resumed_in_a_new_process(tmp_path: Any, step: int) -> None:
-    paths = write_shards(str(tmp_path), [6, 0, 9, 4, 7, 5])
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = tmp_path / "run.py"
-    script.write_text(_SCRIPT.format(root=root, paths=paths, step=step))
-    run = subprocess.run(
-        [sys.executable, str(script), "run"], capture_output=True, text=True, timeout=60
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == -9, run.stderr
-    head, state = [json.loads(x) for x in lines[:-1]], lines[-1]
-    rest = subprocess.run(
-        [sys.executable, str(script), "resume"],
+def _run(script: Any, case: dict[str, Any], *args: str, state: str | None = None) -> Any:
+    return subprocess.run(
+        [sys.executable, str(script), *args, json.dumps(case)],
         input=state,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert rest.returncode == 0, rest.stderr
+
+
+@settings(max_examples=3)  # two new processes an example (and their workers)
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+    world=st.integers(1, 2),
+    workers=st.integers(0, 2),
+    backend=st.sampled_from(["thread", "process"]),
+    step=st.integers(0, 40),
+    epoch=st.integers(0, 2),
+)
+@example(sizes=[6, 0, 9, 4, 7, 5], world=1, workers=2, backend="process", step=9, epoch=1)
+@example(sizes=[6, 0, 9, 4, 7, 5], world=2, workers=2, backend="process", step=0, epoch=1)
+def test_killed_then_resumed_in_a_new_process(
+    tmp_path_factory: Any,
+    sizes: list[int],
+    world: int,
+    workers: int,
+    backend: str,
+    step: int,
+    epoch: int,
+) -> None:
+    folder = tmp_path_factory.mktemp("killed")
+    paths = write_shards(str(folder), sizes)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = folder / "run.py"
+    script.write_text(_SCRIPT.format(root=root))
+    rank = world - 1
+    case = {"paths": paths, "rank": rank, "world": world, "workers": workers}
+    case.update(backend=backend, step=step, epoch=epoch)
+    first = _run(script, case, "run")
+    lines = first.stdout.splitlines()
+    assert first.returncode == -9, first.stderr[-3000:]
+    head, state = [json.loads(x) for x in lines[:-1]], lines[-1]
+    rest = _run(script, case, "resume", state=state)
+    assert rest.returncode == 0, rest.stderr[-3000:]
     tail = [json.loads(x) for x in rest.stdout.splitlines()]
-    seeds = json.loads(state)["seeds"]  # the drawn seeds travelled in the state
-    inner = pf.shards(paths, seed=seeds[0][1]) | pf.read_tar()
-    inner = inner | pf.shuffle(seed=seeds[1][1], buffer_size=8)
-    whole = pf.parallel_source(inner, workers=2, backend="thread", seed=seeds[2][1])
-    whole.set_epoch(1)
-    epoch1, epoch2 = [ident(s) for s in whole], [ident(s) for s in whole]
-    assert head + tail == epoch1 + epoch2
+    seeds = [s[1] for s in json.loads(state)["seeds"]]  # the drawn seeds travelled in the state
+    whole = stream_loader(paths, rank, world, workers, "thread", seeds=seeds)
+    whole.set_epoch(epoch)
+    this, following = [ident(s) for s in whole], [ident(s) for s in whole]
+    if step > len(this):  # the run ended its pass: the state is the next epoch's start
+        assert head == this
+        assert tail == following + [ident(s) for s in whole]
+    else:  # the rest of the epoch (empty when the state came after its last item), the next
+        assert head + tail == this + following
 
 
 # -- failures ---------------------------------------------------------------------------------------

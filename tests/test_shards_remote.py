@@ -81,3 +81,19 @@ def test_http_a_reset_mid_shard_is_retried_and_nothing_is_read_twice(tmp_path: A
         assert "failed 3 times" in str(info.value)
         got += [ident(s) for s in it]  # the pass goes on with the next shard
         assert got == [sample_id(k, i) for k in (0, 2) for i in range(6)]
+
+
+def test_http_a_shard_shorter_than_a_block_takes_one_request(tmp_path: Any) -> None:
+    paths = write_shards(str(tmp_path), [6, 6, 6])  # 12 KiB each
+    names = [os.path.basename(p) for p in paths]
+    with http_server(str(tmp_path)) as (base, handler):
+        urls = [f"{base}/{n}" for n in names]
+        loader = pf.shards(urls, shuffle=False) | pf.read_tar()  # blocks of 8 MiB
+        assert [ident(s) for s in loader] == [sample_id(k, i) for k in range(3) for i in range(6)]
+        assert (len(handler.requests), handler.heads) == (3, [])  # no request for the size
+        handler.requests.clear()
+        small = pf.shards(urls, shuffle=False) | pf.read_tar(block_size=4096)
+        assert [ident(s) for s in small] == [sample_id(k, i) for k in range(3) for i in range(6)]
+        assert len(handler.heads) == 3  # a longer shard's size is asked for
+        blocks = sum(-(-os.path.getsize(p) // 4096) for p in paths)
+        assert len(handler.requests) == blocks  # its first block is not read again

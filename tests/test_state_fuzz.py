@@ -3,16 +3,20 @@
 
 A state is taken mid-epoch from pipelines that between them keep every kind of record (an
 out-of-order stage's, ignore_errors', a restarting stage's, a stateful source's and dataset's,
-a parallel source's), then one place in it is mutated: a key removed, a value of the wrong type,
+a parallel source's and its workers' replicas', a shard reader's, a buffer shuffle's, a mix's
+and its loaders'), then one place in it is mutated: a key removed, a value of the wrong type,
 out of range, or a record from another stage. The user's own objects' states are not
 mutated: they are the user's to check.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +26,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from tests._resume_cases import OwnRng
+from tests._shards import write_shards
 
 
 class _Counting:
@@ -60,6 +65,15 @@ class _Split:
         return iter(range(first, 30, step))
 
 
+_FOLDER = tempfile.mkdtemp(prefix="pipeflow-fuzz-")
+atexit.register(shutil.rmtree, _FOLDER, True)
+_TARS = write_shards(os.path.join(_FOLDER), [4, 3, 5, 2])
+
+
+def _read() -> pf.Loader:
+    return pf.shards(_TARS, seed=1) | pf.read_tar()
+
+
 PIPELINES: dict[str, Callable[[], pf.Loader]] = {
     "unordered": lambda: (
         pf.indices(60) | pf.batch(5) | pf.parallel_map(sorted, workers=2, ordered=False)
@@ -71,6 +85,13 @@ PIPELINES: dict[str, Callable[[], pf.Loader]] = {
     "parallel_source": lambda: (
         pf.parallel_source(pf.from_iterable(_Split()), workers=2, backend="thread", seed=1)
         | pf.batch(2)
+    ),
+    "shards": lambda: pf.shards(_TARS, seed=1),
+    "read_tar": lambda: _read() | pf.batch(2),
+    "buffer_shuffle": lambda: _read() | pf.shuffle(seed=2, buffer_size=3),
+    "mix": lambda: pf.mix([_read(), pf.from_iterable(_Counting(9))], seed=3, stop="all"),
+    "parallel_source_shards": lambda: pf.parallel_source(
+        _read(), workers=2, backend="thread", seed=4
     ),
 }
 
@@ -124,6 +145,12 @@ def _set(state: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
 _DELETE = object()
 
 
+def _at(state: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        state = state[key]
+    return state
+
+
 def _harmless(name: str, path: tuple[Any, ...], value: Any) -> bool:
     """Mutations that leave a well-formed state of the same pipeline: a worker's stream that
     ran out is a fact no check can verify (its length is the stream's)."""
@@ -131,6 +158,16 @@ def _harmless(name: str, path: tuple[Any, ...], value: Any) -> bool:
         return True
     if path[-1] == "start" and value is _DELETE and name == "pack":  # see Restarts.check
         return STATES[name]["stages"]["0"]["inputs"] > 0
+    if len(path) == 2 and path[0] == "stages" and value is _DELETE:
+        return bool(STATES[name]["stages"][path[1]] == {"inputs": 0})  # as good as none
+    if path[-1] == "stages" and len(path) > 1 and value is _DELETE:
+        return bool(_at(STATES[name], path) == {})  # a nested pass record's: optional when empty
+    if path[:2] == ("source", "workers") and path[-1] == "state" and value is None:
+        return "replica" in str(STATES[name])  # a worker's replica then reads its count again
+    if path[-1] == "offset" and value is _DELETE:
+        return True  # a reader's: without it, the shard is read from its start (exact still)
+    if path[-1] == "offset" and isinstance(value, int) and value >= 0 and value is not True:
+        return True  # a byte in a shard: the reader checks it as it opens the shard, not a load
     if path == ("epoch",) and isinstance(value, int) and value >= 0 and value is not True:
         return True  # any epoch is an epoch
     seeds = STATES[name]["seeds"]
@@ -138,6 +175,8 @@ def _harmless(name: str, path: tuple[Any, ...], value: Any) -> bool:
         return True  # a parallel stage's workers' seed is taken when there, never required
     if path[:1] == ("seeds",) and len(path) == 2 and value is _DELETE:
         return bool(seeds[path[1]][0].endswith(" workers"))
+    if path[:1] == ("seeds",) and len(path) == 3 and path[2] == 2 and isinstance(value, bool):
+        return True  # whether pipeflow drew it: this loader's own flag decides, the value matches
     if path[:1] == ("seeds",) and len(path) == 3 and path[2] == 1:
         return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
     return False

@@ -8,9 +8,10 @@ in at the offset of its next sample, and reads nothing before it.
 - Any other URL goes through fsspec. Its bytes come in blocks of ``block_size`` by range
   requests, up to ``window`` blocks ahead of the parser; and the reader opens the next
   ``prefetch`` shards while it parses this one (:class:`Storage.open`), so a store's latency
-  is paid once per window, not once per read. An async file system (s3fs, HTTP) runs the
-  requests as coroutines on fsspec's event loop, many at once on one thread; others in a
-  small thread pool.
+  is paid once per window, not once per read. A shard read from its start asks for its
+  first block before its size: a shard shorter than a block takes one request. An async
+  file system (s3fs, HTTP) runs the requests as coroutines on fsspec's event loop, many at
+  once on one thread; others in a small thread pool.
 
 A failed request is retried ``retries`` times (after 0.1 s, 0.2 s, ...); then, or at once for
 a shard that does not exist, :class:`ShardReadError` names the shard and the byte offset. A
@@ -157,6 +158,13 @@ class _Blocks(Stream):
 _DONE: Future[bytes] = Future()
 
 
+def _done(data: bytes) -> Future[bytes]:
+    """A block already read."""
+    future: Future[bytes] = Future()
+    future.set_result(data)
+    return future
+
+
 class Storage:
     """How a reader opens shards: local files, or fsspec's file systems with blocks fetched
     ahead (see the module's text). One per pass; :meth:`close` ends its threads."""
@@ -211,13 +219,34 @@ class Storage:
 
     async def _head(self, url: str, offset: int, *, use_async: bool) -> tuple[int, list[Any]]:
         fs, path = self.system(url)
+        first = await self._first_block(url, offset, use_async) if offset == 0 else None
+        if first is not None and len(first) < self.block_size:  # the whole shard: its size
+            return len(first), [_done(first)]
         info = await self._retry(url, offset, fs._info if use_async else fs.info, use_async, path)
         size = int(info["size"])
         if offset > size:
             msg = f"shard {url!r} has {size} bytes, and the reader starts at byte {offset}"
             raise ShardReadError(msg)
         starts = range(offset, size, self.block_size)[: self.window]
+        if first is not None and len(first) == self.block_size:
+            return size, [_done(first), *(self.fetch(url, s, size) for s in starts[1:])]
         return size, [self.fetch(url, s, size) for s in starts]
+
+    async def _first_block(self, url: str, offset: int, use_async: bool) -> bytes | None:
+        """The shard's first block, asked for before its size is known: a shard shorter
+        than a block (most of them) then takes one request, not a size request and a read
+        after it. ``None`` when the request fails or gives nothing: the size is asked for,
+        and the blocks read with the retries, as for a longer shard."""
+        fs, path = self.system(url)
+        call = fs._cat_file if use_async else fs.cat_file
+        end = offset + self.block_size
+        try:
+            out = await call(path, start=offset, end=end) if use_async else call(path, offset, end)
+        except FileNotFoundError as e:
+            raise ShardReadError(f"shard {url!r} does not exist") from e
+        except Exception:
+            return None
+        return bytes(out) if out else None
 
     async def _fetch(self, url: str, start: int, end: int, *, use_async: bool) -> bytes:
         fs, path = self.system(url)

@@ -171,8 +171,9 @@ class Reader(Stage[Any, Any]):
     ) -> dict[str, Any]:
         """``{"inputs": n}``, or ``{"inputs": n, "start": m}`` with an ``"offset"`` (a
         position in the shard, at least 0). A reader makes any number of samples of a shard,
-        so *m* is not bounded by what the position says."""
-        checked = check_inputs(record, where, None, total, {"offset"})
+        so *n* is not bounded by what the position says; *m*, samples of the epoch's outputs
+        consumed, is."""
+        checked = check_inputs(record, where, consumed, total, {"offset"})
         if "offset" in checked:
             if not checked.get("start"):
                 msg = f"load_state_dict: {where} has an offset but no 'start' (samples read)"
