@@ -299,7 +299,9 @@ def test_alone(path: Path, k: int) -> None:
 def test_most_blocks_run_alone() -> None:
     blocks = [b for path in PAGES for b in parse_blocks(path) if b.lang == "python"]
     continued = [b for b in blocks if b.continued]
-    assert len(continued) <= len(blocks) // 20, "keep blocks that need earlier ones rare"
+    # 1 in 15: rare, but a page may build one thing in steps rather than repeat it in every
+    # block (issue 27 found read_shard defined three times on one page)
+    assert len(continued) <= len(blocks) // 15, "keep blocks that need earlier ones rare"
 
 
 SPAWN_PRELUDE = "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n"
