@@ -516,8 +516,11 @@ def test_a_coroutine_function_nothing_awaits_is_refused_when_built(build) -> Non
 
 # -- Ctrl-C: a real SIGINT to the process group -------------------------------------------------
 SCRIPT = """
+import signal
 import sys
 import pipeflow as pf
+# a shell's background job starts with SIGINT ignored, and a child inherits that: take it back
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from tests.test_async import Hang
 backend, folder = sys.argv[1], sys.argv[2]
 loader = pf.indices(100) | pf.parallel_map(Hang(folder), workers=2, backend=backend, max_in_flight=4)
