@@ -26,7 +26,7 @@ from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, prepared
 from pipeflow.parallel._lives import Lives
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, PoolDefaults, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, TakingTurns, held
 from pipeflow.parallel._shm import Reader
 from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, raise_remote
 from pipeflow.parallel._worker import WorkerSpec, process_main
@@ -52,7 +52,7 @@ def _replies(msg: bytes) -> list[Reply]:
     return loaded if isinstance(loaded, list) else [loaded]
 
 
-class ProcessPool(PoolDefaults):
+class ProcessPool(TakingTurns):
     """Worker processes, each with its own duplex pipe; results come back via shared memory."""
 
     backend = "process"
@@ -167,14 +167,6 @@ class ProcessPool(PoolDefaults):
                 with contextlib.suppress(OSError, ValueError):  # dead: the next pass sees it
                     conn.send([Trim(self.pass_id)] if self.concurrent else Trim(self.pass_id))
         self.reader.trim()
-
-    def rotate(self, first: int, ended: Any) -> None:
-        self.rr_next = first
-        for wid in ended:
-            self.active[wid] = False
-
-    def can_submit(self) -> bool:
-        return any(self.active)
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
         """Send one task; False (nothing sent) when no worker has room for it now."""

@@ -140,6 +140,22 @@ class PoolDefaults:
         pass
 
 
+class TakingTurns(PoolDefaults):
+    """A pool whose workers take items in turn from ``rr_next`` (``active``: those that have
+    not run out this pass): a resumed pass starts at the worker whose turn was next."""
+
+    rr_next: int
+    active: list[bool]
+
+    def rotate(self, first: int, ended: Any) -> None:
+        self.rr_next = first
+        for wid in ended:
+            self.active[wid] = False
+
+    def can_submit(self) -> bool:
+        return any(self.active)
+
+
 class InProcessPool(PoolDefaults):
     """What pools whose workers are threads of this process share (worker threads, event-loop
     threads): results are the workers' own objects, nothing to decode or give back."""

@@ -36,7 +36,7 @@ except ModuleNotFoundError:  # pragma: no cover - a stage is refused when built 
 
 from pipeflow.errors import WorkerDiedError
 from pipeflow.parallel._lives import Lives
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, PoolDefaults, held
+from pipeflow.parallel._protocol import LIVE, STOP_GRACE, TakingTurns, held
 from pipeflow.parallel._ray_options import actor_options
 from pipeflow.parallel._ray_wire import unpack
 from pipeflow.parallel._ray_worker import RayWorker, node_words
@@ -71,7 +71,7 @@ class _Call(NamedTuple):
     seqs: list[int]
 
 
-class RayPool(PoolDefaults):
+class RayPool(TakingTurns):
     """Ray actors, one per worker, fed items in calls (see the module's text)."""
 
     backend = "ray"
@@ -142,14 +142,6 @@ class RayPool(PoolDefaults):
         if self.pass_id > 1:
             self._replace_the_dead()
         self.lives.start_pass()
-
-    def rotate(self, first: int, ended: Any) -> None:
-        self.rr_next = first
-        for wid in ended:
-            self.active[wid] = False
-
-    def can_submit(self) -> bool:
-        return any(self.active)
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
         """Queue one item for an actor with room (sent by :meth:`collect`, in calls)."""
