@@ -26,6 +26,7 @@ from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, prepared
 from pipeflow.parallel._lives import Lives
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, PoolDefaults, held
+from pipeflow.parallel._reap import in_background
 from pipeflow.parallel._shm import Reader
 from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, raise_remote
 from pipeflow.parallel._worker import WorkerSpec, process_main
@@ -459,46 +460,58 @@ class ProcessPool(PoolDefaults):
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop every worker (terminating the hung ones) and unlink every segment."""
+        """Tell every worker to stop and return; a background thread joins them (terminating
+        the hung ones) and unlinks every segment (:func:`_reap`). The last ``next()`` of a
+        pass so returns as soon as its item is there, not after the workers' exit."""
         if self.closed:
             return
         self.closed = True
         LIVE.discard(self)
         conns = [c for c in self.conns if c is not None]
         procs = [p for p in self.procs if p is not None]
-        for c in conns:
-            with contextlib.suppress(OSError, ValueError):
-                c.send(None)
+        self.reader.close()
+        self.freeze.release()
         # A pass that failed (a death, a timeout) ends at once: no grace for a worker that
         # may be stuck (a timeout) or frozen (SIGSTOP, which only SIGKILL ends).
         grace = 0.0 if self.broken else STOP_GRACE
-        deadline = time.monotonic() + grace
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill() if self.broken else p.terminate()
-        for p in procs:
+        args = (procs, conns, grace, self.broken, self.keep_processes, self.prefix)
+        in_background(lambda: _reap(*args))
+
+
+def _reap(
+    procs: list[Any], conns: list[Any], grace: float, broken: bool, keep: bool, prefix: str
+) -> None:
+    """Tell the workers to stop, join them: *grace* seconds, then terminate (kill when
+    *broken*), then kill; read what they sent last (its segments unlinked), close their pipes
+    and, unless *keep*, their Process objects; unlink whatever segment under *prefix* is left."""
+    for c in conns:
+        with contextlib.suppress(OSError, ValueError):
+            c.send(None)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill() if broken else p.terminate()
+    for p in procs:
+        p.join(0.3)
+        if p.is_alive():
+            p.kill()
             p.join(0.3)
-            if p.is_alive():
-                p.kill()
-                p.join(0.3)
-        for c in conns:
-            try:
-                while c.poll():
-                    for reply in _replies(c.recv_bytes()):
-                        if reply.kind == "ok" and reply.payload.segment is not None:
-                            _segments.discard(reply.payload.segment.name)
-            except (EOFError, OSError):
-                pass
-            c.close()
-        if not self.keep_processes:
-            for p in procs:
-                if not p.is_alive():
-                    p.close()
-        _segments.sweep(self.prefix)
-        self.reader.close()
-        self.freeze.release()
+    for c in conns:
+        try:
+            while c.poll():
+                for reply in _replies(c.recv_bytes()):
+                    if reply.kind == "ok" and reply.payload.segment is not None:
+                        _segments.discard(reply.payload.segment.name)
+        except (EOFError, OSError):
+            pass
+        c.close()
+    if not keep:
+        for p in procs:
+            if not p.is_alive():
+                p.close()
+    _segments.sweep(prefix)
 
 
 def _exiting(pid: int) -> bool:
