@@ -26,28 +26,50 @@ class ThreadPool(InProcessPool):
     """Worker threads: a shared task queue for maps, one queue per thread for sources."""
 
     def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
-        """*spec*: what each worker starts with (its ``worker_id`` set per thread)."""
-        workers, job = spec.num_workers, spec.job
+        """*spec*: what each worker starts with (its ``worker_id`` set per thread). Threads
+        start as work arrives (as ``concurrent.futures.ThreadPoolExecutor``'s do): a task
+        for a thread not started yet (round robin), or one that no idle thread can take."""
+        workers = spec.num_workers
         super().__init__(name, workers, round_robin)
+        self.spec = spec
         self.current = [0]  # shared with the threads: tasks of other passes are skipped
         self.active = [True] * workers
         shared: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
         self._rr = itertools.cycle(range(workers))
-        self.threads = []
-        for wid in range(workers):
-            own_job = job.clone() if isinstance(job, SourceJob) else job
-            restore = spec.restore[wid] if spec.restore else None
-            own = spec._replace(job=own_job, worker_id=wid, restore=restore)
-            t = threading.Thread(
-                target=thread_main,
-                args=(self.queues[wid], self.results, own, self.current),
-                name=f"pipeflow-{name}-{wid}",
-                daemon=True,
-            )
-            t.start()
-            self.threads.append(t)
+        self.threads: list[threading.Thread] = []
+        # Shared queue: released by a thread each time it is about to wait for a task, taken
+        # by each task sent; a task that finds none starts a thread. Once all have started,
+        # the box is emptied, and the threads stop releasing it.
+        self.idle: list[threading.Semaphore | None] = [threading.Semaphore(0)]
         LIVE.add(self)
+
+    def _start(self, wid: int) -> None:
+        """Start thread *wid* (threads start in order of their ids)."""
+        spec, job = self.spec, self.spec.job
+        own_job = job.clone() if isinstance(job, SourceJob) else job
+        restore = spec.restore[wid] if spec.restore else None
+        own = spec._replace(job=own_job, worker_id=wid, restore=restore)
+        t = threading.Thread(
+            target=thread_main,
+            args=(self.queues[wid], self.results, own, self.current, self.idle),
+            name=f"pipeflow-{self.name}-{wid}",
+            daemon=True,
+        )
+        t.start()
+        self.threads.append(t)
+        if len(self.threads) == self.workers:
+            self.idle[0] = None
+
+    def _grow(self, tasks: int) -> None:
+        """*tasks* more go to the shared queue: start a thread for each that no idle thread
+        takes, up to the pool's size."""
+        for _ in range(tasks):
+            if len(self.threads) == self.workers:
+                return
+            idle = self.idle[0]
+            if idle is None or not idle.acquire(blocking=False):
+                self._start(len(self.threads))
 
     def start_pass(self, max_in_flight: int) -> None:
         self.pass_id += 1
@@ -71,7 +93,11 @@ class ThreadPool(InProcessPool):
                 wid = next(self._rr)
                 if self.active[wid]:
                     break
+            while len(self.threads) <= wid:  # in order: the ids below it get their own soon
+                self._start(len(self.threads))
         self.queues[max(wid, 0)].put(Task(self.pass_id, seq, epoch, item))
+        if not self.round_robin and len(self.threads) < self.workers:
+            self._grow(1)
         self.outstanding[seq] = item
         return True
 
@@ -80,7 +106,15 @@ class ThreadPool(InProcessPool):
             for seq, item in items:
                 self.submit(seq, epoch, item)
             return len(items)
-        deque(map(self.queues[0].put, tasks(self.pass_id, epoch, items)), 0)
+        todo = iter(tasks(self.pass_id, epoch, items))
+        put = self.queues[0].put
+        for task in todo:  # each task out first, so the threads started work while more start
+            if len(self.threads) == self.workers:
+                put(task)
+                break
+            put(task)
+            self._grow(1)
+        deque(map(put, todo), 0)
         self.outstanding.update(items)
         return len(items)
 
@@ -122,6 +156,7 @@ def thread_main(
     results: queue.SimpleQueue[Any],
     spec: WorkerSpec,
     current: list[int],
+    idle: list[threading.Semaphore | None],
 ) -> None:
     """A thread worker: the same protocol as a process worker, through queues, no pickling;
     tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped."""
@@ -140,6 +175,9 @@ def thread_main(
     # are the process's, shared by every thread: nothing of them is the worker's to report.
     snap = Snapshotter(job, None, own=isinstance(job, SourceJob))
     while True:
+        waiting = idle[0]
+        if waiting is not None:  # about to wait: the next task sent need not start a thread
+            waiting.release()
         task: Task | None = tasks.get()
         if task is None:
             break
