@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
@@ -146,3 +146,40 @@ def test_lazy_threads_deliver_every_item_once_and_start_no_more_than_needed(
     assert most <= min(workers, n)
     if not round_robin:
         assert most <= min(workers, max_in_flight)
+
+
+# -- process workers start without a stagger -------------------------------------------------
+@settings(max_examples=12)
+@given(
+    n=st.integers(0, 30),
+    workers=st.integers(1, 3),
+    stop_at=st.integers(0, 6),
+    round_robin=st.booleans(),
+    ordered=st.booleans(),
+)
+@example(n=30, workers=3, stop_at=1, round_robin=True, ordered=True)
+@example(n=30, workers=2, stop_at=0, round_robin=False, ordered=False)
+def test_workers_started_late_lose_and_repeat_nothing(
+    n: int, workers: int, stop_at: int, round_robin: bool, ordered: bool
+) -> None:
+    """The workers after the first start when the consumer waits anyway, with the tasks they
+    were given; a pass broken off before they started (its tasks never sent) leaves the kept
+    pool whole: the next pass delivers every item exactly once, in order when ordered."""
+    loader = pf.indices(n) | pf.parallel_map(
+        str,
+        workers=workers,
+        backend="process",
+        persistent=True,
+        round_robin=round_robin,
+        ordered=ordered,
+        max_in_flight=2 * workers,
+    )
+    want = [str(i) for i in range(n)]
+    with nothing_left(), loader:
+        it = iter(loader)
+        head = [x for _, x in zip(range(stop_at), it)]
+        it.close()
+        assert set(head) <= set(want)
+        for _ in range(2):
+            got = list(loader)
+            assert (got if ordered else sorted(got, key=int)) == want
