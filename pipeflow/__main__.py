@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         metavar="SUITE",
         help="any of: throughput, composed, startup, resume, overhead, memory (the default: "
-        "all of these), aio, billion, sequences",
+        "all of these), aio, billion, sequences, peers (torchdata.nodes, Grain, SPDL)",
         default=[],
     )
     args = parser.parse_args(argv)

@@ -10,9 +10,11 @@ import queue
 import threading
 import time
 from collections import deque
+from functools import partial
 from typing import Any
 
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
+from pipeflow.parallel._reap import in_background
 from pipeflow.parallel._wire import Exhausted, Reply, Task, tasks
 from pipeflow.parallel._worker import Snapshotter, SourceJob, WorkerSpec, restore_worker
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
@@ -144,10 +146,16 @@ class ThreadPool(InProcessPool):
             for _ in range(self.workers):
                 q.put(None)
         # After a timeout a thread may be stuck in user code: the error must not wait on it.
-        deadline = time.monotonic() + (0.0 if self.broken else STOP_GRACE)
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        # Else the reaper waits for them (interpreter exit waits for it), not the consumer.
+        if not self.broken:
+            in_background(partial(_join, self.threads, STOP_GRACE))
         # A thread stuck in user code can't be stopped; it is a daemon and holds no process.
+
+
+def _join(threads: list[threading.Thread], grace: float) -> None:
+    deadline = time.monotonic() + grace
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 # -- thread workers -------------------------------------------------------------------------
