@@ -29,8 +29,9 @@ class ThreadPool(InProcessPool):
 
     def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
         """*spec*: what each worker starts with (its ``worker_id`` set per thread). Threads
-        start as work arrives (as ``concurrent.futures.ThreadPoolExecutor``'s do): a task
-        for a thread not started yet (round robin), or one that no idle thread can take."""
+        start as work arrives: a task for a thread not started yet (round robin), or, on the
+        shared queue, a thread per task out, up to the pool's size (an item may block its
+        thread, on I/O: a thread per item in flight is what lets them all wait at once)."""
         workers = spec.num_workers
         super().__init__(name, workers, round_robin)
         self.spec = spec
@@ -40,10 +41,6 @@ class ThreadPool(InProcessPool):
         self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
         self._rr = itertools.cycle(range(workers))
         self.threads: list[threading.Thread] = []
-        # Shared queue: released by a thread each time it is about to wait for a task, taken
-        # by each task sent; a task that finds none starts a thread. Once all have started,
-        # the box is emptied, and the threads stop releasing it.
-        self.idle: list[threading.Semaphore | None] = [threading.Semaphore(0)]
         LIVE.add(self)
 
     def _start(self, wid: int) -> None:
@@ -54,24 +51,17 @@ class ThreadPool(InProcessPool):
         own = spec._replace(job=own_job, worker_id=wid, restore=restore)
         t = threading.Thread(
             target=thread_main,
-            args=(self.queues[wid], self.results, own, self.current, self.idle),
+            args=(self.queues[wid], self.results, own, self.current),
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
         t.start()
         self.threads.append(t)
-        if len(self.threads) == self.workers:
-            self.idle[0] = None
 
-    def _grow(self, tasks: int) -> None:
-        """*tasks* more go to the shared queue: start a thread for each that no idle thread
-        takes, up to the pool's size."""
-        for _ in range(tasks):
-            if len(self.threads) == self.workers:
-                return
-            idle = self.idle[0]
-            if idle is None or not idle.acquire(blocking=False):
-                self._start(len(self.threads))
+    def _grow(self) -> None:
+        """Shared queue: one thread more while fewer run than there are tasks out."""
+        if len(self.threads) < min(self.workers, len(self.outstanding)):
+            self._start(len(self.threads))
 
     def start_pass(self, max_in_flight: int) -> None:
         self.pass_id += 1
@@ -98,9 +88,9 @@ class ThreadPool(InProcessPool):
             while len(self.threads) <= wid:  # in order: the ids below it get their own soon
                 self._start(len(self.threads))
         self.queues[max(wid, 0)].put(Task(self.pass_id, seq, epoch, item))
-        if not self.round_robin and len(self.threads) < self.workers:
-            self._grow(1)
         self.outstanding[seq] = item
+        if not self.round_robin and len(self.threads) < self.workers:
+            self._grow()
         return True
 
     def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
@@ -110,14 +100,13 @@ class ThreadPool(InProcessPool):
             return len(items)
         todo = iter(tasks(self.pass_id, epoch, items))
         put = self.queues[0].put
-        for task in todo:  # each task out first, so the threads started work while more start
-            if len(self.threads) == self.workers:
-                put(task)
-                break
-            put(task)
-            self._grow(1)
-        deque(map(put, todo), 0)
         self.outstanding.update(items)
+        for task in todo:  # each task out first, so the threads started work while more start
+            put(task)
+            if len(self.threads) == self.workers:
+                break
+            self._grow()
+        deque(map(put, todo), 0)
         return len(items)
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
@@ -164,7 +153,6 @@ def thread_main(
     results: queue.SimpleQueue[Any],
     spec: WorkerSpec,
     current: list[int],
-    idle: list[threading.Semaphore | None],
 ) -> None:
     """A thread worker: the same protocol as a process worker, through queues, no pickling;
     tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped."""
@@ -183,9 +171,6 @@ def thread_main(
     # are the process's, shared by every thread: nothing of them is the worker's to report.
     snap = Snapshotter(job, None, own=isinstance(job, SourceJob))
     while True:
-        waiting = idle[0]
-        if waiting is not None:  # about to wait: the next task sent need not start a thread
-            waiting.release()
         task: Task | None = tasks.get()
         if task is None:
             break
