@@ -491,7 +491,7 @@ class ProcessPool(PoolDefaults):
         """Tell every worker to stop and return; a background thread joins them (terminating
         the hung ones) and unlinks every segment (:func:`_reap`). The last ``next()`` of a
         pass so returns as soon as its item is there, not after the workers' exit. A broken
-        pool (a death, a timeout) is killed here, before its error goes on."""
+        pool (a death, a timeout) and event loops' workers are stopped here."""
         if self.closed:
             return
         self.closed = True
@@ -504,7 +504,10 @@ class ProcessPool(PoolDefaults):
         # may be stuck (a timeout) or frozen (SIGSTOP, which only SIGKILL ends).
         grace = 0.0 if self.broken else STOP_GRACE
         args = (procs, conns, grace, self.broken, self.keep_processes, self.prefix)
-        if self.broken:  # killed at once, here: the error reaches the consumer after that
+        # Here, not in the background: a broken pool is killed before its error goes on; an
+        # event loop's coroutines in flight are cancelled, their `finally` blocks run, before
+        # the consumer's `break` returns (what remote-data.md promises).
+        if self.broken or self.concurrent:
             _reap(*args)
         else:
             in_background(lambda: _reap(*args))
