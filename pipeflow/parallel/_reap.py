@@ -7,6 +7,7 @@ ends. Interpreter exit waits for it, so nothing is left behind."""
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -91,6 +92,19 @@ def _serve() -> None:
             import logging
 
             logging.getLogger("pipeflow").exception("pipeflow: a pool's shutdown failed")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no reaper (only the forking thread survives a fork), nor any of
+    its parent's shutdowns to run: it starts its own when it closes a pool of its own."""
+    global _JOBS, _LOCK
+    _JOBS = queue.SimpleQueue()
+    _LOCK = threading.Lock()
+    _REAPER.clear()
+    _HOOKED.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def join_all(timeout: float | None = None, *, exiting: bool = False) -> None:
