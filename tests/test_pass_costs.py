@@ -96,8 +96,14 @@ def test_exit_right_after_a_pass_leaves_no_worker(how: str) -> None:
 
 
 # -- thread pools start threads as work arrives -------------------------------------------
-def _pool_threads(stage: str) -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(f"pipeflow-{stage}-")]
+def _pool_threads(stage: str, before: frozenset[threading.Thread] = frozenset()) -> list[str]:
+    """The names of *stage*'s worker threads alive now, but those in *before* (an earlier
+    pass's, which may still be ending: a closed pool's threads end in the background)."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith(f"pipeflow-{stage}-") and t not in before
+    ]
 
 
 def tagged(i: Any) -> Any:
@@ -107,9 +113,10 @@ def tagged(i: Any) -> Any:
 def test_a_thread_pool_starts_only_the_threads_its_work_needs(no_leaks) -> None:
     """One item through 8 thread workers starts one thread, not eight."""
     loader = pf.indices(1) | pf.parallel_map(tagged, workers=8, backend="thread")
+    before = frozenset(threading.enumerate())
     it = iter(loader)
     assert next(it) == 0
-    assert len(_pool_threads("parallel_map")) == 1
+    assert len(_pool_threads("parallel_map", before)) == 1
     it.close()
 
 
@@ -137,11 +144,12 @@ def test_lazy_threads_deliver_every_item_once_and_start_no_more_than_needed(
         ordered=ordered,
         round_robin=round_robin,
     )
+    before = frozenset(threading.enumerate())
     most = 0
     got = []
     for x in loader:
         got.append(x)
-        most = max(most, len(_pool_threads("parallel_map")))
+        most = max(most, len(_pool_threads("parallel_map", before)))
     assert (got if ordered else sorted(got)) == list(range(n))
     assert most <= min(workers, n)
     if not round_robin:

@@ -516,23 +516,23 @@ class ProcessPool(PoolDefaults):
 def _reap(
     procs: list[Any], conns: list[Any], grace: float, broken: bool, keep: bool, prefix: str
 ) -> None:
-    """Tell the workers to stop, join them: *grace* seconds, then terminate (kill when
+    """Tell the workers to stop, wait for them: *grace* seconds, then terminate (kill when
     *broken*), then kill; read what they sent last (its segments unlinked), close their pipes
-    and, unless *keep*, their Process objects; unlink whatever segment under *prefix* is left."""
+    and, unless *keep*, their Process objects; unlink whatever segment under *prefix* is left.
+
+    It waits on the processes' sentinels, never on ``waitpid``: whoever holds a kept Process
+    (``iter(loader)._workers``) may join it meanwhile, and two threads reaping one child race
+    (the loser reads it as still running)."""
     for c in conns:
         with contextlib.suppress(OSError, ValueError):
             c.send(None)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill() if broken else p.terminate()
-    for p in procs:
-        p.join(0.3)
-        if p.is_alive():
-            p.kill()
-            p.join(0.3)
+    _wait_gone(procs, grace)
+    for p in _running(procs):
+        p.kill() if broken else p.terminate()
+    _wait_gone(procs, 0.3)
+    for p in _running(procs):
+        p.kill()
+    _wait_gone(procs, 0.3)
     for c in conns:
         try:
             while c.poll():
@@ -544,9 +544,23 @@ def _reap(
         c.close()
     if not keep:
         for p in procs:
-            if not p.is_alive():
+            p.join(1.0)  # reaped here (nobody else holds these): ended, or killed above
+            with contextlib.suppress(ValueError):  # another thread's poll won the race
                 p.close()
     _segments.sweep(prefix)
+
+
+def _running(procs: list[Any]) -> list[Any]:
+    """The processes of *procs* whose sentinel is not ready (still running)."""
+    ended = set(multiprocessing.connection.wait([p.sentinel for p in procs], 0))
+    return [p for p in procs if p.sentinel not in ended]
+
+
+def _wait_gone(procs: list[Any], timeout: float) -> None:
+    """Wait up to *timeout* seconds for every process of *procs* to end."""
+    deadline = time.monotonic() + timeout
+    while (running := _running(procs)) and (left := deadline - time.monotonic()) > 0:
+        multiprocessing.connection.wait([p.sentinel for p in running], left)
 
 
 def _exiting(pid: int) -> bool:
