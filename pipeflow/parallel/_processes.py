@@ -491,7 +491,8 @@ class ProcessPool(PoolDefaults):
         """Tell every worker to stop and return; a background thread joins them (terminating
         the hung ones) and unlinks every segment (:func:`_reap`). The last ``next()`` of a
         pass so returns as soon as its item is there, not after the workers' exit. A broken
-        pool (a death, a timeout) and event loops' workers are stopped here."""
+        pool (a death, a timeout), event loops' workers and workers whose Process objects are
+        handed out (``keep_processes``) are stopped here."""
         if self.closed:
             return
         self.closed = True
@@ -507,7 +508,9 @@ class ProcessPool(PoolDefaults):
         # Here, not in the background: a broken pool is killed before its error goes on; an
         # event loop's coroutines in flight are cancelled, their `finally` blocks run, before
         # the consumer's `break` returns (what remote-data.md promises).
-        if self.broken or self.concurrent:
+        # And pf.DataLoader's workers, whose Process objects its iterator hands out
+        # (`_workers`): whoever joins one must not race the reaper's join of it.
+        if self.broken or self.concurrent or self.keep_processes:
             _reap(*args)
         else:
             in_background(lambda: _reap(*args))
@@ -520,9 +523,7 @@ def _reap(
     *broken*), then kill; read what they sent last (its segments unlinked), close their pipes
     and, unless *keep*, their Process objects; unlink whatever segment under *prefix* is left.
 
-    It waits on the processes' sentinels, never on ``waitpid``: whoever holds a kept Process
-    (``iter(loader)._workers``) may join it meanwhile, and two threads reaping one child race
-    (the loser reads it as still running)."""
+    It waits on the processes' sentinels and reaps them (``join``) only once they ended."""
     for c in conns:
         with contextlib.suppress(OSError, ValueError):
             c.send(None)
@@ -542,10 +543,10 @@ def _reap(
         except (EOFError, OSError):
             pass
         c.close()
-    if not keep:
-        for p in procs:
-            p.join(1.0)  # reaped here (nobody else holds these): ended, or killed above
-            with contextlib.suppress(ValueError):  # another thread's poll won the race
+    for p in procs:
+        p.join(1.0)  # ended, or killed above
+        if not keep:
+            with contextlib.suppress(ValueError):  # another thread's poll reaped it first
                 p.close()
     _segments.sweep(prefix)
 
