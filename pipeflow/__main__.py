@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         metavar="SUITE",
         help="any of: throughput, composed, startup, resume, overhead, memory (the default: "
-        "all of these), aio, billion, sequences, shards, ray",
+        "all of these), aio, billion, sequences, shards, ray, peers (torchdata.nodes, Grain, SPDL)",
         default=[],
     )
     args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
 """Worker processes, each with its own duplex pipe; results come back through shared memory.
 
-Workers start when first given a task (the first is working while the next one forks), get
+Workers start when first given a task (the first at once, the others when the consumer waits
+anyway, so that a fork never holds back a result that is there), get
 tasks round-robin (torch's order) or by least load, and answer with
 :class:`~pipeflow.parallel._wire.Reply` records whose large buffers travel in shared memory
 (:mod:`pipeflow.parallel._shm`: its ``Writer`` there, its ``Reader`` here). A worker
@@ -27,14 +28,13 @@ from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Freeze, prepared
 from pipeflow.parallel._lives import Lives
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, TakingTurns, held
+from pipeflow.parallel._reap import in_background
 from pipeflow.parallel._shm import Reader
 from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, raise_remote
 from pipeflow.parallel._worker import WorkerSpec, process_main
 
 __all__ = ["ProcessPool"]
 
-#: How long the other workers wait to start while the first makes its first result.
-START_STAGGER = 0.05
 _POOL_IDS = itertools.count()
 log = logging.getLogger("pipeflow")
 
@@ -92,19 +92,7 @@ class ProcessPool(TakingTurns):
         # holds them (pf.DataLoader's `_workers`); their fds then close when they are freed.
         self.keep_processes = False
         self.freeze = Freeze()
-        self.pass_id = 0
-        self.active = [True] * workers
-        self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
-        self.stale: list[int] = [0] * workers  # tasks of earlier passes still out
-        self.depth = 2  # tasks queued per worker, at most (set per pass)
-        self.head_since = [0.0] * workers  # when each worker's current task started, roughly
-        self.avg: float | None = None  # moving average of the time per task
-        self.warm = [False] * workers  # a worker's first result also timed its start-up
-        self.rr_next = 0  # round robin: the worker the next task goes to
-        # Round robin out of order (torch's in_order=False): a worker whose queue is full is
-        # passed over, so a worker stuck on a slow item is not given more (set by make_pool).
-        self.skip_full = False
-        self.first_start: float | None = None  # when the first worker started
+        self._dispatch_state(workers)
         self.context = context
         self.spec = prepared(spec, self.method, name)._replace(main_pid=os.getpid())
         self.conns: list[Any] = [None] * workers
@@ -117,6 +105,25 @@ class ProcessPool(TakingTurns):
         self.piped = False  # a result came through the pipe: /dev/shm was full (warned once)
         self.epoch = 0  # the epoch of the items sent in this pass
         LIVE.add(self)
+
+    def _dispatch_state(self, workers: int) -> None:
+        """What the dispatch of tasks to *workers* keeps: turns, queues, timings, lazy starts."""
+        self.pass_id = 0
+        self.active = [True] * workers
+        self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
+        self.stale: list[int] = [0] * workers  # tasks of earlier passes still out
+        self.depth = 2  # tasks queued per worker, at most (set per pass)
+        self.head_since = [0.0] * workers  # when each worker's current task started, roughly
+        self.avg: float | None = None  # moving average of the time per task
+        self.warm = [False] * workers  # a worker's first result also timed its start-up
+        self.rr_next = 0  # round robin: the worker the next task goes to
+        # Round robin out of order (torch's in_order=False): a worker whose queue is full is
+        # passed over, so a worker stuck on a slow item is not given more (set by make_pool).
+        self.skip_full = False
+        # Tasks for workers not started yet: the first worker starts at once, the others
+        # when this process would wait for results anyway (see collect()).
+        self.to_start: dict[int, list[Task]] = {}
+        self.hold_until = 0.0  # until then, the first worker's first result goes first
 
     def _start(self, wid: int) -> None:
         """Start worker *wid*. Workers start when first given a task, so the first one is
@@ -136,14 +143,16 @@ class ProcessPool(TakingTurns):
         )
         if self.method == "fork":
             self.freeze.hold()
+        began = time.monotonic()
         try:
             with _segments.not_inherited(self.method):
                 proc.start()
         finally:
             there.close()
+        if not self.by_fd:  # the pool's first worker: the others may start a fork later
+            now = time.monotonic()
+            self.hold_until = now + (now - began)
         self.conns[wid], self.procs[wid] = here, proc
-        if self.first_start is None:
-            self.first_start = time.monotonic()
         self.by_fd[here.fileno()] = wid
         self.sentinels[proc.sentinel] = wid
 
@@ -153,6 +162,10 @@ class ProcessPool(TakingTurns):
         self.active = [True] * self.workers
         self.rr_next = 0  # every pass starts at worker 0, as torch's iterators do
         self.depth = -(-max_in_flight // self.workers)
+        for wid, waiting in self.to_start.items():  # an abandoned pass's: never sent
+            for task in waiting:
+                self.outstanding[wid].pop(task.seq, None)
+        self.to_start.clear()
         for wid in range(self.workers):
             self.stale[wid] += len(self.outstanding[wid])
             self.outstanding[wid].clear()
@@ -173,14 +186,20 @@ class ProcessPool(TakingTurns):
         wid = self._choose()
         if wid is None:
             return False
+        later = False  # the worker starts when this process would wait anyway: collect()
         if self.procs[wid] is None:
-            self._start(wid)
+            later = wid in self.to_start or bool(self.by_fd)
+            if not later:
+                self._start(wid)  # the pool's first worker
         if not self.outstanding[wid] and not self.stale[wid]:
             self.head_since[wid] = time.monotonic()
         self.epoch = epoch
         freed = self.reader.take_freed(self.lives.keys[wid])  # segments it may write again
         task = Task(self.pass_id, seq, epoch, item, freed)
         self.outstanding[wid][seq] = item
+        if later:
+            self.to_start.setdefault(wid, []).append(task)
+            return True
         if self.concurrent:  # an event loop takes many: sent together, by collect()
             self.unsent[wid].append(task)
             return True
@@ -198,32 +217,51 @@ class ProcessPool(TakingTurns):
                 return sent
         return len(items)
 
+    def _ready(self, deadline: float | None) -> list[Any]:
+        """The pipes and sentinels ready by *deadline* (``None``: no limit; ``[]``: none).
+
+        Meanwhile the workers with tasks waiting start, one at a time, only while nothing is
+        there to read: a fork holds this process for ~10 ms (more with a large heap). Until
+        the first worker's first result, the next fork waits as long as the first fork took:
+        a short first item (time to the first batch) is then not held back by it, and a long
+        one does not hold back the other workers (the second batch) more than that."""
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            waitables = [*self.by_fd_conns(), *self.sentinels]
+            if not self.to_start:
+                return multiprocessing.connection.wait(waitables, left)
+            hold = 0.0 if any(self.warm) else max(0.0, self.hold_until - time.monotonic())
+            ready = multiprocessing.connection.wait(
+                waitables, hold if left is None else min(hold, left)
+            )
+            if ready or left == 0.0:
+                return ready
+            if hold <= (left if left is not None else hold):
+                self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start one worker that has tasks waiting for it, and send them."""
+        wid = next(iter(self.to_start))
+        tasks = self.to_start.pop(wid)
+        self._start(wid)
+        with contextlib.suppress(OSError):  # the worker is gone: collect() sees it
+            if self.concurrent:
+                self.conns[wid].send(tasks)
+                return
+            for task in tasks:
+                self.conns[wid].send(task)
+
     def _send_unsent(self) -> None:
         for wid in [w for w, tasks in enumerate(self.unsent) if tasks]:
             tasks, self.unsent[wid] = self.unsent[wid], []
             with contextlib.suppress(OSError):  # the worker is gone: collect() sees it
                 self.conns[wid].send(tasks)
 
-    def _stagger_left(self) -> float | None:
-        """Seconds the workers not started yet must still wait; None when they may start.
-
-        Forking blocks this process for ~10 ms (more with a large heap), and the first batch
-        would wait for every fork. So the other workers start once the first worker has sent
-        its first result, or after :data:`START_STAGGER` seconds, whichever comes first.
-        """
-        if self.first_start is None or any(self.warm):
-            return None
-        left = self.first_start + START_STAGGER - time.monotonic()
-        return left if left > 0 else None
-
     def _choose(self) -> int | None:
-        staggering = self._stagger_left() is not None
         if self.round_robin:  # torch's order: task k to worker k % workers
             for _ in range(self.workers):
                 wid = self.rr_next
                 if self.active[wid]:
-                    if staggering and self.procs[wid] is None:
-                        return None  # its turn, but it may not start yet
                     self.rr_next = (wid + 1) % self.workers
                     if self.skip_full and len(self.outstanding[wid]) >= self.depth:
                         continue  # out of order, as torch: a worker with no room is passed
@@ -242,7 +280,7 @@ class ProcessPool(TakingTurns):
         choice = None
         for wid in range(self.workers):
             load = len(self.outstanding[wid]) + self.stale[wid]
-            if load >= best or (staggering and self.procs[wid] is None):
+            if load >= best:
                 continue
             if slow is not None and load > 0 and now - self.head_since[wid] > slow:
                 continue  # stuck: let its queue drain first (an idle worker is never stuck)
@@ -257,14 +295,9 @@ class ProcessPool(TakingTurns):
         self._send_unsent()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            wake = False  # for the other workers' start, not for a timeout
-            stagger = self._stagger_left() if None in self.procs else None
-            if stagger is not None and (left is None or stagger < left):
-                left, wake = stagger, True
-            ready = multiprocessing.connection.wait([*self.by_fd_conns(), *self.sentinels], left)
+            ready = self._ready(deadline)
             if not ready:
-                return [] if wake else None  # []: the caller submits again, starting them
+                return None
             out: list[Reply] = []
             dead: list[int] = []
             got = False
@@ -460,46 +493,80 @@ class ProcessPool(TakingTurns):
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop every worker (terminating the hung ones) and unlink every segment."""
+        """Tell every worker to stop and return; a background thread joins them (terminating
+        the hung ones) and unlinks every segment (:func:`_reap`). The last ``next()`` of a
+        pass so returns as soon as its item is there, not after the workers' exit. A broken
+        pool (a death, a timeout), event loops' workers and workers whose Process objects are
+        handed out (``keep_processes``) are stopped here."""
         if self.closed:
             return
         self.closed = True
         LIVE.discard(self)
         conns = [c for c in self.conns if c is not None]
         procs = [p for p in self.procs if p is not None]
-        for c in conns:
-            with contextlib.suppress(OSError, ValueError):
-                c.send(None)
+        self.reader.close()
+        self.freeze.release()
         # A pass that failed (a death, a timeout) ends at once: no grace for a worker that
         # may be stuck (a timeout) or frozen (SIGSTOP, which only SIGKILL ends).
         grace = 0.0 if self.broken else STOP_GRACE
-        deadline = time.monotonic() + grace
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill() if self.broken else p.terminate()
-        for p in procs:
-            p.join(0.3)
-            if p.is_alive():
-                p.kill()
-                p.join(0.3)
-        for c in conns:
-            try:
-                while c.poll():
-                    for reply in _replies(c.recv_bytes()):
-                        if reply.kind == "ok" and reply.payload.segment is not None:
-                            _segments.discard(reply.payload.segment.name)
-            except (EOFError, OSError):
-                pass
-            c.close()
-        if not self.keep_processes:
-            for p in procs:
-                if not p.is_alive():
-                    p.close()
-        _segments.sweep(self.prefix)
-        self.reader.close()
-        self.freeze.release()
+        args = (procs, conns, grace, self.broken, self.keep_processes, self.prefix)
+        # Here, not in the background: a broken pool is killed before its error goes on; an
+        # event loop's coroutines in flight are cancelled, their `finally` blocks run, before
+        # the consumer's `break` returns (what remote-data.md promises).
+        # And pf.DataLoader's workers, whose Process objects its iterator hands out
+        # (`_workers`): whoever joins one must not race the reaper's join of it.
+        if self.broken or self.concurrent or self.keep_processes:
+            _reap(*args)
+        else:
+            in_background(lambda: _reap(*args))
+
+
+def _reap(
+    procs: list[Any], conns: list[Any], grace: float, broken: bool, keep: bool, prefix: str
+) -> None:
+    """Tell the workers to stop, wait for them: *grace* seconds, then terminate (kill when
+    *broken*), then kill; read what they sent last (its segments unlinked), close their pipes
+    and, unless *keep*, their Process objects; unlink whatever segment under *prefix* is left.
+
+    It waits on the processes' sentinels and reaps them (``join``) only once they ended."""
+    for c in conns:
+        with contextlib.suppress(OSError, ValueError):
+            c.send(None)
+    _wait_gone(procs, grace)
+    for p in _running(procs):
+        p.kill() if broken else p.terminate()
+    _wait_gone(procs, 0.3)
+    for p in _running(procs):
+        p.kill()
+    _wait_gone(procs, 0.3)
+    for c in conns:
+        try:
+            while c.poll():
+                for reply in _replies(c.recv_bytes()):
+                    if reply.kind == "ok" and reply.payload.segment is not None:
+                        _segments.discard(reply.payload.segment.name)
+        except (EOFError, OSError):
+            pass
+        c.close()
+    for p in procs:
+        p.join(1.0)  # ended, or killed above
+        if not keep:
+            with contextlib.suppress(ValueError):  # another thread's poll reaped it first
+                p.close()
+    _segments.sweep(prefix)
+
+
+def _running(procs: list[Any]) -> list[Any]:
+    """The processes of *procs* whose sentinel is not ready (still running)."""
+    ended = set(multiprocessing.connection.wait([p.sentinel for p in procs], 0))
+    return [p for p in procs if p.sentinel not in ended]
+
+
+def _wait_gone(procs: list[Any], timeout: float) -> None:
+    """Wait up to *timeout* seconds for every process of *procs* to end."""
+    deadline = time.monotonic() + timeout
+    while (running := _running(procs)) and (left := deadline - time.monotonic()) > 0:
+        multiprocessing.connection.wait([p.sentinel for p in running], left)
 
 
 def _exiting(pid: int) -> bool:

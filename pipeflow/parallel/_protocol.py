@@ -30,6 +30,9 @@ LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 @atexit.register
 def _close_live_pools() -> None:
+    from pipeflow.parallel._reap import join_all
+
+    join_all(exiting=True)  # from now on a pool's close() reaps its workers itself
     for pool in list(LIVE):
         pool.close()
 

@@ -10,9 +10,11 @@ import queue
 import threading
 import time
 from collections import deque
+from functools import partial
 from typing import Any
 
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
+from pipeflow.parallel._reap import in_background
 from pipeflow.parallel._wire import Exhausted, Reply, Task, tasks
 from pipeflow.parallel._worker import Snapshotter, SourceJob, WorkerSpec, restore_worker
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
@@ -26,28 +28,40 @@ class ThreadPool(InProcessPool):
     """Worker threads: a shared task queue for maps, one queue per thread for sources."""
 
     def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
-        """*spec*: what each worker starts with (its ``worker_id`` set per thread)."""
-        workers, job = spec.num_workers, spec.job
+        """*spec*: what each worker starts with (its ``worker_id`` set per thread). Threads
+        start as work arrives: a task for a thread not started yet (round robin), or, on the
+        shared queue, a thread per task out, up to the pool's size (an item may block its
+        thread, on I/O: a thread per item in flight is what lets them all wait at once)."""
+        workers = spec.num_workers
         super().__init__(name, workers, round_robin)
+        self.spec = spec
         self.current = [0]  # shared with the threads: tasks of other passes are skipped
         self.active = [True] * workers
         shared: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
         self._rr = itertools.cycle(range(workers))
-        self.threads = []
-        for wid in range(workers):
-            own_job = job.clone() if isinstance(job, SourceJob) else job
-            restore = spec.restore[wid] if spec.restore else None
-            own = spec._replace(job=own_job, worker_id=wid, restore=restore)
-            t = threading.Thread(
-                target=thread_main,
-                args=(self.queues[wid], self.results, own, self.current),
-                name=f"pipeflow-{name}-{wid}",
-                daemon=True,
-            )
-            t.start()
-            self.threads.append(t)
+        self.threads: list[threading.Thread] = []
         LIVE.add(self)
+
+    def _start(self, wid: int) -> None:
+        """Start thread *wid* (threads start in order of their ids)."""
+        spec, job = self.spec, self.spec.job
+        own_job = job.clone() if isinstance(job, SourceJob) else job
+        restore = spec.restore[wid] if spec.restore else None
+        own = spec._replace(job=own_job, worker_id=wid, restore=restore)
+        t = threading.Thread(
+            target=thread_main,
+            args=(self.queues[wid], self.results, own, self.current),
+            name=f"pipeflow-{self.name}-{wid}",
+            daemon=True,
+        )
+        t.start()
+        self.threads.append(t)
+
+    def _grow(self) -> None:
+        """Shared queue: one thread more while fewer run than there are tasks out."""
+        if len(self.threads) < min(self.workers, len(self.outstanding)):
+            self._start(len(self.threads))
 
     def start_pass(self, max_in_flight: int) -> None:
         self.pass_id += 1
@@ -71,8 +85,12 @@ class ThreadPool(InProcessPool):
                 wid = next(self._rr)
                 if self.active[wid]:
                     break
+            while len(self.threads) <= wid:  # in order: the ids below it get their own soon
+                self._start(len(self.threads))
         self.queues[max(wid, 0)].put(Task(self.pass_id, seq, epoch, item))
         self.outstanding[seq] = item
+        if not self.round_robin and len(self.threads) < self.workers:
+            self._grow()
         return True
 
     def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
@@ -80,8 +98,15 @@ class ThreadPool(InProcessPool):
             for seq, item in items:
                 self.submit(seq, epoch, item)
             return len(items)
-        deque(map(self.queues[0].put, tasks(self.pass_id, epoch, items)), 0)
+        todo = iter(tasks(self.pass_id, epoch, items))
+        put = self.queues[0].put
         self.outstanding.update(items)
+        for task in todo:  # each task out first, so the threads started work while more start
+            put(task)
+            if len(self.threads) == self.workers:
+                break
+            self._grow()
+        deque(map(put, todo), 0)
         return len(items)
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
@@ -110,10 +135,16 @@ class ThreadPool(InProcessPool):
             for _ in range(self.workers):
                 q.put(None)
         # After a timeout a thread may be stuck in user code: the error must not wait on it.
-        deadline = time.monotonic() + (0.0 if self.broken else STOP_GRACE)
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        # Else the reaper waits for them (interpreter exit waits for it), not the consumer.
+        if not self.broken:
+            in_background(partial(_join, self.threads, STOP_GRACE))
         # A thread stuck in user code can't be stopped; it is a daemon and holds no process.
+
+
+def _join(threads: list[threading.Thread], grace: float) -> None:
+    deadline = time.monotonic() + grace
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 # -- thread workers -------------------------------------------------------------------------
