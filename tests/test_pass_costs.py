@@ -56,6 +56,33 @@ def test_a_later_pass_runs_while_the_last_ones_workers_stop() -> None:
             assert list(loader) == [str(i) for i in range(40)]
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_loader_close_returns_once_its_kept_workers_are_gone(method: str) -> None:
+    """The end of a pass does not wait for workers, but ``loader.close()`` does: when it
+    returns, the kept pool's workers have exited and their /dev/shm segments are gone."""
+    with nothing_left():
+        loader = pf.indices(12) | pf.parallel_map(
+            Big(), workers=2, backend="process", persistent=True, mp_context=method
+        )
+        items = list(loader)
+        assert [int(x[0]) for x, _ in items] == list(range(12))
+        workers = sorted({pid for _, pid in items})  # spawn's are the warm server's children
+        assert len(workers) == 2 and all(alive(pid) for pid in workers)  # kept after the pass
+        del items
+        loader.close()
+        assert not [pid for pid in workers if alive(pid)]  # no wait: gone already
+        assert not shm_entries(f"pipeflow-{os.getpid()}-")
+
+
+class Big:
+    """Items of 256 KiB (each travels through a shared-memory segment), and the worker's pid."""
+
+    def __call__(self, i: int) -> Any:
+        import numpy as np
+
+        return np.full(1 << 16, i, dtype=np.float32), os.getpid()
+
+
 _AFTER_A_PASS = """
 import json, os, sys
 import pipeflow as pf

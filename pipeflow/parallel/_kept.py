@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pipeflow.parallel._reap import join_all
 from pipeflow.parallel._settings import Settings
 
 __all__ = ["TRIM_AFTER", "Kept", "make_pool"]
@@ -107,7 +108,7 @@ class Kept:
             return make(), False
         self._cancel_trim()  # a pass follows at once: what the pool kept is reused
         if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
-            self.close()
+            self._drop()
         self.facts = facts
         if self.pool is None:
             self.pool = make()
@@ -120,7 +121,7 @@ class Kept:
             return
         self.busy = False
         if pool.broken:  # a worker died or timed out: not kept
-            self.close()
+            self._drop()
         elif pool.trims:  # what it keeps for reuse goes back unless a pass follows soon
             self.timer = threading.Timer(TRIM_AFTER, pool.end_pass)
             self.timer.daemon = True
@@ -135,10 +136,18 @@ class Kept:
             timer.join()
 
     def close(self) -> None:
+        """Stop the kept pool and return once its workers have exited (``loader.close()``:
+        then every page of /dev/shm they held is free). The end of a pass does not wait."""
+        if self._drop():
+            join_all()
+
+    def _drop(self) -> bool:
+        """Stop the kept pool, its workers' exit left to the reaper; whether there was one."""
         self._cancel_trim()
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.close()
+        return pool is not None
 
 
 def pass_pool(resources: Mapping[Any, Mapping[Any, Any]], epoch: int) -> Any:

@@ -160,7 +160,7 @@ def parallel_map(
         timeout: seconds to wait for the next result before raising
             :class:`~pipeflow.WorkerTimeoutError`; ``None`` waits forever.
         persistent: keep the workers between epochs (like torch's ``persistent_workers``);
-            ``loader.close()`` stops them.
+            ``loader.close()`` stops them and returns once they have exited.
         seed: the workers' seed; ``None`` draws one when the stage is built.
         round_robin: send item *k* of a pass to worker ``k % workers``, as torch's DataLoader
             does, instead of to the least busy worker. Use it when *fn* draws from the
