@@ -120,7 +120,11 @@ class _Started:
 
 
 def child(lib: str, shape: str, out: str) -> None:
-    """Time one loader's build, ``iter()`` and first ``next()``; write the seconds to *out*."""
+    """Time one loader's build, ``iter()`` and first ``next()``; write the seconds to *out*.
+    ``floor``: nothing (see :func:`floor`)."""
+    if lib == "floor":  # this module's imports are done: when, for the parent to subtract
+        Path(out).write_text(json.dumps({"at": time.time()}))
+        return
     if lib == "pipeflow":
         import pipeflow  # noqa: F401  (the library's own import is not the loader's start)
     elif lib == "grain":
@@ -129,6 +133,27 @@ def child(lib: str, shape: str, out: str) -> None:
     next(iter(build(lib, shape == "torch")))
     Path(out).write_text(json.dumps({"seconds": time.perf_counter() - start}))
     os._exit(0)  # the workers are killed with this child's session, for every library alike
+
+
+def floor(shape: str, timeout: float = 120) -> float:
+    """Seconds from starting a fresh interpreter to the end of this script's imports (torch, in
+    the training script's shape): what every spawn worker does before its first item, so no
+    library's first spawn batch comes sooner."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "PEERS_FIRST_SHAPE": shape}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "at.json")
+        start = time.time()  # the child's clock is the same wall clock
+        subprocess.run(
+            [sys.executable, "-m", "benchmarks.peers_first", "floor", shape, str(out)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=timeout,
+        )
+        return float(json.loads(out.read_text())["at"]) - start
 
 
 def measure(lib: str, shape: str, timeout: float = 120) -> float:

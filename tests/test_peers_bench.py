@@ -77,3 +77,17 @@ def test_the_first_batch_child_times_a_spawn_loader_and_leaves_nothing() -> None
 def test_a_child_that_fails_says_why() -> None:
     with pytest.raises(RuntimeError, match=r"(?s)gave no first batch: .*unknown library 'nope'"):
         peers_first.measure("nope", "numpy", timeout=60)
+
+
+def test_first_batch_near_the_floor_the_goal_is_five_percent_of_it(monkeypatch) -> None:
+    # SPDL at 1.05x the floor leaves no room for 1.1x sooner: pipeflow at 1.04x the floor
+    # meets the goal, at 1.10x it does not; far from the floor 1.1x sooner is asked
+    monkeypatch.setattr(peers, "installed", lambda peer: peer == "spdl")
+    monkeypatch.setattr(peers_first, "floor", lambda shape: 1.0)
+    for ours, spdl, met in ((1.04, 1.05, True), (1.10, 1.05, False), (0.40, 0.50, True)):
+        times = {"pipeflow": ours, "spdl": spdl}
+        monkeypatch.setattr(peers_first, "measure", lambda lib, shape, t=times: t[lib])
+        rows = {row.workload.split()[0]: row for row in peers.first_batch("torch", quick=True)}
+        assert rows["spdl"].met is met, (ours, spdl, rows["spdl"].note)
+        assert rows["spdl"].note.startswith("floor 1.000 s")
+    assert "not installed" in rows["grain"].note
