@@ -135,19 +135,23 @@ def child(lib: str, shape: str, out: str) -> None:
     os._exit(0)  # the workers are killed with this child's session, for every library alike
 
 
+def _env(shape: str) -> dict[str, str]:
+    """A child's environment: this checkout importable, the script's *shape* set."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "PEERS_FIRST_SHAPE": shape}
+
+
 def floor(shape: str, timeout: float = 120) -> float:
     """Seconds from starting a fresh interpreter to the end of this script's imports (torch, in
     the training script's shape): what every spawn worker does before its first item, so no
     library's first spawn batch comes sooner."""
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "PEERS_FIRST_SHAPE": shape}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "at.json")
         start = time.time()  # the child's clock is the same wall clock
         subprocess.run(
             [sys.executable, "-m", "benchmarks.peers_first", "floor", shape, str(out)],
             cwd=ROOT,
-            env=env,
+            env=_env(shape),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             check=True,
@@ -158,14 +162,12 @@ def floor(shape: str, timeout: float = 120) -> float:
 
 def measure(lib: str, shape: str, timeout: float = 120) -> float:
     """Seconds to *lib*'s first batch in a fresh interpreter of *shape*."""
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "PEERS_FIRST_SHAPE": shape}
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp, "err"), "w+b") as err:
         out = Path(tmp, "seconds.json")
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.peers_first", lib, shape, str(out)],
             cwd=ROOT,
-            env=env,
+            env=_env(shape),
             stdout=subprocess.DEVNULL,
             stderr=err,  # a file: workers left running would hold a pipe open
             start_new_session=True,  # its workers too: killed below, whatever the library left
