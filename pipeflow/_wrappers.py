@@ -22,6 +22,7 @@ map``, 3.3 million items/s with the meter in the loop, 2.5 million with a wrappe
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import time
 from collections import deque
@@ -45,6 +46,11 @@ _WINDOW = 256
 #: otherwise every item is timed: slow items, and fast ones with a heavy one among them
 #: (a file read every 64 items), whose cost a sample would catch only by chance.
 _TIME_ALL_NS = 20_000
+#: A timed item longer than this is slow beside fast ones: a sampled one stands for itself.
+_SPIKE_NS = 8 * _TIME_ALL_NS
+#: Fast windows in a row before sampling: at first (so a cost every 1,000 items is seen and
+#: every item stays timed), and at most (each sampled spike doubles it).
+_CALM_MIN, _CALM_MAX = 4, 64
 #: The statistics wrapper writes what it counted into the shared record this often.
 _FLUSH_NS = 50_000_000
 #: A stage whose exceptions wait in a stash (the next stage does not take failures) is asked
@@ -53,6 +59,24 @@ _FLUSH_NS = 50_000_000
 _STUCK = 1000
 
 _clock = time.perf_counter_ns
+#: Each meter's own sequence of gaps: a stage times other items than the stage above it,
+#: whose timed spans would otherwise hold this stage's bookkeeping (and stand for 64 items).
+_meters = itertools.count()
+
+
+@functools.cache
+def _null_span() -> int:
+    """What timing an item adds to its span (ns): a clock read and a method call, about
+    80 ns here; taken off each span, since a sampled span stands for up to 96 items."""
+    probe = _Probe()
+    spans = sorted(probe.took(_clock()) for _ in range(400))
+    return spans[len(spans) // 10]
+
+
+class _Probe:
+    def took(self, asked: int) -> int:
+        now = _clock()
+        return now - asked
 
 
 @dataclass
@@ -167,23 +191,33 @@ def _release(bypassed: deque[Failure], stash: deque[Failure] | None) -> Iterator
 class Meter:
     """A stage's statistics in one pass: every item counted, a sample of them timed.
 
-    An item's time runs from the moment the stage below asks for it until it is handed over.
-    Items are timed in windows of ``_WINDOW`` timed items: the first window times every item;
-    after a window of fast ones, about one item in 64 is timed, standing for the items since
-    the last one timed. So slow items (batches) are all timed, and fast ones (indices) cost
-    two tests each in :func:`guarded`'s loop. What it counted goes into *rec* (a
+    An item's time runs from the moment the stage below asks for it until it is handed over,
+    less what timing it adds (:func:`_null_span`). Items are timed in windows of ``_WINDOW``
+    timed items: the first window times every item; after a window of fast ones, about one
+    item in 64 is timed, standing for the items since the last one timed. So slow items
+    (batches) are all timed, and fast ones (indices) cost two tests each in :func:`guarded`'s
+    loop. A timed item far slower than its window (a wait for the GIL or the CPU, a file
+    opened now and then) stands for itself only, the items before it counting at the last
+    window's mean, and every item is timed again; after each such item, twice as many fast
+    windows in a row (up to ``_CALM_MAX``) are needed before sampling again, so a cost that
+    comes back is soon timed every time. Each meter draws its own gaps, so a stage seldom
+    times the items that the stage above it times. What it counted goes into *rec* (a
     :class:`~pipeflow.stats.StageRecord`) every ``_FLUSH_NS`` and when the pass ends; *waits*
     (the last stage's) keeps each timed span: the consumer's waits.
     """
 
     __slots__ = (
         "busy",
+        "calm",
         "count",
+        "fast_windows",
         "flushed",
         "gap",
         "lcg",
         "longest",
+        "mean",
         "next_flush",
+        "null",
         "rec",
         "sampling",
         "total",
@@ -194,21 +228,29 @@ class Meter:
         self.rec, self.waits = rec, waits
         self.busy = self.flushed = 0  # ns and items not yet written to the record
         self.count = self.total = self.longest = 0  # this window's timed items
-        self.sampling = False  # the last window's items were fast: time a sample
-        self.gap, self.lcg = 1, 12345
+        self.sampling = False  # the last windows' items were fast: time a sample
+        self.fast_windows, self.calm = 0, _CALM_MIN  # fast windows in a row; how many to sample
+        self.mean = 0  # ns: the last fast window's mean item
+        self.gap, self.lcg = 1, (12345 + 40503 * next(_meters)) & 0x7FFFFFFF
+        self.null = _null_span()
         self.next_flush = _clock() + _FLUSH_NS
 
     def took(self, n: int, asked: int) -> int:
         """Item *n* (counted from 0), asked for at *asked*, arrived; the number of the next
         item to time."""
         now = _clock()
-        span = now - asked
-        self.busy += span * self.gap
+        span = now - asked - self.null
+        if span < 0:
+            span = 0
         if self.waits is not None:
             self.waits.append(span)
         if now >= self.next_flush:
             self._flush(n + 1, now)
             self.next_flush = now + _FLUSH_NS
+        if self.gap > 1 and span > _SPIKE_NS:
+            self._spike(span)
+            return n + 1
+        self.busy += span * self.gap
         self.count += 1
         self.total += span
         if span > self.longest:
@@ -220,11 +262,25 @@ class Meter:
             self.gap = _GAP_MIN + (self.lcg >> 16) % _GAP_SPREAD
         return n + self.gap
 
+    def _spike(self, span: int) -> None:
+        """A sampled item took *span*: it stands for itself, the items skipped before it for
+        the last fast window's mean; time every item again, and sample later than before."""
+        self.busy += span + (self.gap - 1) * self.mean
+        self.calm = min(2 * self.calm, _CALM_MAX)
+        self.sampling, self.gap, self.fast_windows = False, 1, 0
+        self.count = self.total = self.longest = 0
+
     def _end_window(self) -> None:
-        """A window ends: sample the next one if its items were fast, else time them all."""
-        fast = self.total < _TIME_ALL_NS * _WINDOW and self.longest < 8 * _TIME_ALL_NS
-        self.sampling = fast
-        if not fast:
+        """A window ends: sample the next one after enough fast ones, else time them all."""
+        fast = self.total < _TIME_ALL_NS * _WINDOW and self.longest < _SPIKE_NS
+        if fast:
+            self.fast_windows += 1
+            if not self.sampling:
+                self.mean = self.total // _WINDOW
+        else:
+            self.fast_windows = 0
+        self.sampling = self.fast_windows >= self.calm
+        if not self.sampling:
             self.gap = 1
         self.count = self.total = self.longest = 0
 

@@ -124,6 +124,48 @@ def test_fast_items_are_counted_exactly_and_timed_on_a_sample() -> None:
     assert all(s.own_seconds > 0 for s in stats.stages)
 
 
+def test_sampled_estimates_nest_along_the_chain() -> None:
+    """Each stage's span holds the one above it, sampled or not; the consumer waited no longer
+    than the pass took (a sampled span holding the meter's own work, 64 times, broke both)."""
+    loader = pf.indices(200_000) | pf.map(abs) | pf.batch(64)
+    assert sum(len(b) for b in loader) == 200_000
+    stats = loader.stats()
+    assert all(s.own_seconds > 0 for s in stats.stages), [s.seconds for s in stats.stages]
+    assert stats.consumer_wait_seconds <= stats.wall_seconds
+
+
+def test_a_sampled_spike_stands_for_itself() -> None:
+    """A wait for the GIL on one sampled item is counted once, not once per item it stood for;
+    every item is timed again after it, and sampling comes back later than the first time."""
+    rec = StageRecord("s")
+    meter = Meter(rec)
+    fast, slow = 10_000, 20_000_000  # ns
+    n_items, mark, spiked = 100_000, 0, False
+    for n in range(n_items):
+        if n != mark:
+            continue
+        if meter.sampling and n > n_items // 2 and not spiked:
+            spiked = True
+            mark = meter.took(n, time.perf_counter_ns() - slow - meter.null)
+            assert mark == n + 1 and not meter.sampling  # every item timed again
+            assert meter.calm == 8  # eight fast windows in a row before sampling again
+        else:
+            mark = meter.took(n, time.perf_counter_ns() - fast - meter.null)
+    meter.done(n_items, None)
+    assert spiked
+    expected = (n_items - 1) * fast + slow
+    assert expected * 0.9 < rec.busy_ns < expected * 1.3  # not 64 x 20 ms more
+
+
+def test_a_rare_cost_is_estimated() -> None:
+    """A cost every 1000 fast items, rarer than a window: timed more often once it is seen."""
+    src = pf.from_iterable(_Periodic(200_000, 1_000, 0.0005)) | pf.map(abs)
+    list(src)
+    own = src.stats().stages[0].own_seconds
+    expected = 200 * 0.0005
+    assert 0.5 * expected < own < 2.5 * expected
+
+
 def test_slow_items_are_all_timed() -> None:
     loader = pf.from_iterable(range(30)) | pf.map(lambda i: time.sleep(0.002) or i)
     list(loader)
