@@ -14,47 +14,47 @@ code needs it.
 
 from __future__ import annotations
 
-import inspect
+import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
-from pipeflow._context import Context
-from pipeflow._decorate import stage
-from pipeflow._hints import mark_public
-from pipeflow._objects import Stateful
-from pipeflow._stage import Source, Stage
-from pipeflow.batch import batch, unbatch
-from pipeflow.bucket import bucket
-from pipeflow.collate import collate, default_collate, default_convert
-from pipeflow.device import pin_memory, to_device
-from pipeflow.distributed import shard
-from pipeflow.errors import (
-    PipeflowError,
-    StageStuckError,
-    WorkerDiedError,
-    WorkerError,
-    WorkerTimeoutError,
-)
-from pipeflow.fetch import fetch
-from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
-from pipeflow.loader import Loader
-from pipeflow.mix import mix
-from pipeflow.pack import pack
-from pipeflow.pad import Padded
-from pipeflow.parallel import parallel_map, parallel_source
-from pipeflow.parallel._warm import set_warm_start
-from pipeflow.progress import progress
-from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
-from pipeflow.shards import Shard, shards
-from pipeflow.shared import SharedList, shared_list
-from pipeflow.shuffle import shuffle
-from pipeflow.sources import from_iterable, from_sampler, indices
-from pipeflow.stats import StageStats, Stats
-from pipeflow.transforms import filter, map, random_map
-from pipeflow.worker_info import WorkerInfo, get_worker_info
-
 if TYPE_CHECKING:
+    from pipeflow._context import Context
+    from pipeflow._decorate import stage
+    from pipeflow._objects import Stateful
+    from pipeflow._stage import Source, Stage
+    from pipeflow.batch import batch, unbatch
+    from pipeflow.bucket import bucket
+    from pipeflow.collate import collate, default_collate, default_convert
     from pipeflow.dataloader import DataLoader
+    from pipeflow.device import pin_memory, to_device
+    from pipeflow.distributed import shard
+    from pipeflow.errors import (
+        PipeflowError,
+        StageStuckError,
+        WorkerDiedError,
+        WorkerError,
+        WorkerTimeoutError,
+    )
+    from pipeflow.fetch import fetch
+    from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
+    from pipeflow.loader import Loader
+    from pipeflow.mix import mix
+    from pipeflow.pack import pack
+    from pipeflow.pad import Padded
+    from pipeflow.parallel import parallel_map, parallel_source
+    from pipeflow.parallel._warm import set_warm_start
+    from pipeflow.progress import progress
+    from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
+    from pipeflow.shards import Shard, shards
+    from pipeflow.shared import SharedList, shared_list
+    from pipeflow.shuffle import shuffle
+    from pipeflow.sources import from_iterable, from_sampler, indices
     from pipeflow.stateful_dataloader import StatefulDataLoader
+    from pipeflow.stats import StageStats, Stats
+    from pipeflow.transforms import filter, map, random_map
+    from pipeflow.worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
 
@@ -113,35 +113,98 @@ __all__ = [
 ]
 
 
-def _check_keywords() -> None:
-    """Give the public functions Python 3.13's "Did you mean" for a misspelt keyword argument
-    (see :mod:`pipeflow._hints`). The collate functions, called once per batch, and whose
-    identity ``pf.DataLoader`` looks at, are left as they are."""
-    namespace = globals()
-    for name in __all__:
-        value = namespace.get(name)
-        if inspect.isfunction(value) and name not in ("default_collate", "default_convert"):
-            namespace[name] = mark_public(value, name)
+#: Where each public name is defined. A name's module is imported when the name is first
+#: used, so a process that needs a few stages (a spawn worker) imports only their modules.
+_WHERE = {
+    "Context": "pipeflow._context",
+    "DataLoader": "pipeflow.dataloader",
+    "ErrorBudgetExceeded": "pipeflow.ignore",
+    "Loader": "pipeflow.loader",
+    "Padded": "pipeflow.pad",
+    "PipeflowError": "pipeflow.errors",
+    "Shard": "pipeflow.shards",
+    "ShardReadError": "pipeflow.readers",
+    "SharedList": "pipeflow.shared",
+    "Source": "pipeflow._stage",
+    "Stage": "pipeflow._stage",
+    "StageStats": "pipeflow.stats",
+    "StageStuckError": "pipeflow.errors",
+    "Stateful": "pipeflow._objects",
+    "StatefulDataLoader": "pipeflow.stateful_dataloader",
+    "Stats": "pipeflow.stats",
+    "WorkerDiedError": "pipeflow.errors",
+    "WorkerError": "pipeflow.errors",
+    "WorkerInfo": "pipeflow.worker_info",
+    "WorkerTimeoutError": "pipeflow.errors",
+    "batch": "pipeflow.batch",
+    "bucket": "pipeflow.bucket",
+    "collate": "pipeflow.collate",
+    "default_collate": "pipeflow.collate",
+    "default_convert": "pipeflow.collate",
+    "fetch": "pipeflow.fetch",
+    "filter": "pipeflow.transforms",
+    "from_iterable": "pipeflow.sources",
+    "from_sampler": "pipeflow.sources",
+    "get_worker_info": "pipeflow.worker_info",
+    "ignore_errors": "pipeflow.ignore",
+    "indices": "pipeflow.sources",
+    "map": "pipeflow.transforms",
+    "mix": "pipeflow.mix",
+    "pack": "pipeflow.pack",
+    "parallel_map": "pipeflow.parallel",
+    "parallel_source": "pipeflow.parallel",
+    "pin_memory": "pipeflow.device",
+    "progress": "pipeflow.progress",
+    "random_map": "pipeflow.transforms",
+    "read_jsonl": "pipeflow.readers",
+    "read_parquet": "pipeflow.readers",
+    "read_tar": "pipeflow.readers",
+    "set_warm_start": "pipeflow.parallel._warm",
+    "shard": "pipeflow.distributed",
+    "shards": "pipeflow.shards",
+    "shared_list": "pipeflow.shared",
+    "shuffle": "pipeflow.shuffle",
+    "stage": "pipeflow._decorate",
+    "to_device": "pipeflow.device",
+    "unbatch": "pipeflow.batch",
+}
 
-
-_check_keywords()
+#: Functions left as they are (not given keyword hints): called once per batch, and
+#: ``pf.DataLoader`` looks at their identity.
+_PLAIN = frozenset({"default_collate", "default_convert"})
 
 
 def __getattr__(name: str) -> Any:
-    # DataLoader subclasses torch's, so defining it imports torch: do that on first use only.
-    if name == "DataLoader":
-        from pipeflow.dataloader import DataLoader
+    """A public name, imported on first use (``DataLoader`` imports torch then, not before).
 
-        globals()["DataLoader"] = DataLoader
-        return DataLoader
-    if name == "StatefulDataLoader":
-        from pipeflow.stateful_dataloader import StatefulDataLoader
+    A public function gets Python 3.13's "Did you mean" for a misspelt keyword argument (see
+    :mod:`pipeflow._hints`).
+    """
+    module = _WHERE.get(name)
+    if module is None:
+        msg = f"module 'pipeflow' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module), name)
+    if isinstance(value, types.FunctionType) and name not in _PLAIN:
+        from pipeflow._hints import mark_public
 
-        globals()["StatefulDataLoader"] = StatefulDataLoader
-        return StatefulDataLoader
-    msg = f"module 'pipeflow' has no attribute {name!r}"
-    raise AttributeError(msg)
+        value = mark_public(value, name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The ``pipeflow`` module: importing a submodule that shares a public name's spelling
+    (``pipeflow.batch``) leaves ``pf.batch`` the function, as it is when imported eagerly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _WHERE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -15,3 +15,8 @@ class TorchFree:
 
     def __getitem__(self, i: int) -> dict[str, object]:
         return {"x": np.full(3, i, dtype=np.float32), "y": i, "torch": "torch" in sys.modules}
+
+
+def pipeflow_modules(i: int) -> list[str]:
+    """The pipeflow modules (and asyncio, if any) imported in the process that runs this."""
+    return sorted(m for m in sys.modules if m.startswith("pipeflow") or m == "asyncio")

@@ -3,6 +3,7 @@ with it) loads on first use."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -19,3 +20,65 @@ def test_import_pipeflow_does_not_import_torch() -> None:
         "assert 'torch' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_import_pipeflow_imports_none_of_its_stages() -> None:
+    out = _run(
+        "import sys, pipeflow\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pipeflow')))\n"
+        "print('numpy' in sys.modules, 'asyncio' in sys.modules)\n"
+    )
+    assert out.split("\n")[:2] == ["['pipeflow']", "False False"]
+
+
+def test_every_public_name_resolves_and_stays_the_same_object() -> None:
+    import pipeflow as pf
+
+    namespace: dict[str, object] = {}
+    exec("from pipeflow import *", namespace)
+    for name in pf.__all__:
+        value = getattr(pf, name)
+        assert value is getattr(pf, name) is namespace[name], name
+    assert set(pf.__all__) <= set(dir(pf))
+    with pytest.raises(AttributeError, match="no attribute 'bath'"):
+        pf.bath
+
+
+@pytest.mark.slow
+def test_a_submodule_imported_first_leaves_the_public_name_the_function() -> None:
+    """``import pipeflow.batch`` binds the module on the package; pf.batch stays the stage."""
+    out = _run(
+        "import pipeflow.batch, pipeflow.shuffle, pipeflow.fetch, pipeflow.shards\n"
+        "import pipeflow as pf\n"
+        "print([type(getattr(pf, n)).__name__ for n in ('batch', 'shuffle', 'fetch', 'shards')])\n"
+        "print(list(pf.indices(5) | pf.batch(2)))\n"
+    )
+    assert out.split("\n")[:2] == [
+        "['function', 'function', 'function', 'function']",
+        "[[0, 1], [2, 3], [4]]",
+    ]
+
+
+@pytest.mark.slow
+def test_a_spawn_worker_imports_only_what_its_task_needs() -> None:
+    """No reader, shard source or coroutine loop in a worker that runs a plain function."""
+    out = _run(
+        "import sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import pipeflow as pf\n"
+        "from light import pipeflow_modules\n"
+        "if __name__ == '__main__':\n"
+        "    stage = pf.parallel_map(pipeflow_modules, workers=1, backend='process',"
+        " mp_context='spawn')\n"
+        "    print(list(pf.indices(1) | stage)[0])\n"
+    )
+    modules = ast.literal_eval(out)
+    assert "pipeflow.parallel._worker" in modules
+    for heavy in ("pipeflow.readers", "pipeflow.shards", "pipeflow.batch", "asyncio"):
+        assert heavy not in modules, modules

@@ -9,7 +9,23 @@ between them). Coroutine functions: :mod:`._aio` (event loops in threads) and
 :mod:`._aio_worker` (what a loop runs, in a thread or in a worker process).
 """
 
-from pipeflow.parallel._map import parallel_map
-from pipeflow.parallel._source import parallel_source
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeflow.parallel._map import parallel_map
+    from pipeflow.parallel._source import parallel_source
 
 __all__ = ["parallel_map", "parallel_source"]
+
+
+def __getattr__(name: str) -> Any:
+    """The two stages, imported on first use: a worker process imports only its own loop."""
+    if name not in __all__:
+        msg = f"module 'pipeflow.parallel' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(f"pipeflow.parallel.{name[8:]}"), name)
+    globals()[name] = value
+    return value
