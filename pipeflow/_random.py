@@ -18,7 +18,7 @@ this derivation stable across its releases: a change would be announced as break
 
 from __future__ import annotations
 
-import secrets
+import os
 from typing import TYPE_CHECKING, SupportsIndex
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class DrawnSeed(int):
 
 def fresh_seed() -> DrawnSeed:
     """A new random seed, drawn once when a stage is built so that its repr reproduces it."""
-    return DrawnSeed(secrets.randbits(63))
+    return DrawnSeed(int.from_bytes(os.urandom(8), "big") >> 1)  # secrets.randbits(63)
 
 
 def check_seed(stage: str, seed: object) -> int:

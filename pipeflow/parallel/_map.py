@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import is_coroutine_function, refuse
 from pipeflow._stage import Stage, _short
-from pipeflow.parallel._aio_worker import CoroutineJob
 from pipeflow.parallel._records import MapRecord, check_map_record
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
@@ -38,7 +37,11 @@ class ParallelMap(Stage[T, U]):
         self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
     ) -> Iterator[U]:
         config: Settings = self._config["settings"]
-        make = CoroutineJob if config.coroutines else MapJob
+        make: Any = MapJob
+        if config.coroutines:  # asyncio is imported for coroutine functions only
+            from pipeflow.parallel._aio_worker import CoroutineJob
+
+            make = CoroutineJob
         job = make(self._config["fn"], "parallel_map", context.ignoring, dict(context.facts))
         return run_parallel(job, config, "parallel_map", upstream, context, hooks)
 
