@@ -67,6 +67,15 @@ def children(pid: int | None = None) -> set[int]:
     return out
 
 
+def still_children(pids: set[int], within: float = 2.0) -> set[int]:
+    """Those of *pids* still this process's children after up to *within* seconds (the
+    RELIABILITY.md bound): a pass's end stops its workers in the background."""
+    deadline = time.monotonic() + within
+    while (left := pids & children()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
 def _mp_helper(pid: str) -> bool:
     """Long-lived helpers: multiprocessing's forkserver and resource tracker, pipeflow's warm
     forkserver."""
