@@ -189,8 +189,7 @@ def __getattr__(name: str) -> Any:
         from pipeflow._hints import mark_public
 
         value = mark_public(value, name)
-    globals()[name] = value
-    return value
+    return globals().setdefault(name, value)  # two threads asking at once get one object
 
 
 def __dir__() -> list[str]:

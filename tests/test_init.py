@@ -82,3 +82,21 @@ def test_a_spawn_worker_imports_only_what_its_task_needs() -> None:
     assert "pipeflow.parallel._worker" in modules
     for heavy in ("pipeflow.readers", "pipeflow.shards", "pipeflow.batch", "asyncio"):
         assert heavy not in modules, modules
+
+
+@pytest.mark.slow
+def test_threads_resolving_a_name_at_once_get_one_object() -> None:
+    out = _run(
+        "import sys, threading\n"
+        "sys.setswitchinterval(1e-6)\n"
+        "import pipeflow as pf\n"
+        "barrier, seen = threading.Barrier(8), []\n"
+        "def look():\n"
+        "    barrier.wait()\n"
+        "    seen.append([id(getattr(pf, n)) for n in pf.__all__ if n != 'DataLoader'])\n"
+        "threads = [threading.Thread(target=look) for _ in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(all(s == seen[0] for s in seen))\n"
+    )
+    assert out.strip() == "True"
