@@ -46,6 +46,8 @@ def test_every_public_name_resolves_and_stays_the_same_object() -> None:
         value = getattr(pf, name)
         assert value is getattr(pf, name) is namespace[name], name
     assert set(pf.__all__) <= set(dir(pf))
+    # the names, the TYPE_CHECKING imports and the table of modules are three lists: in step
+    assert set(pf.__all__) == set(pf._WHERE)  # type: ignore[attr-defined]
     with pytest.raises(AttributeError, match="no attribute 'bath'"):
         pf.bath
 

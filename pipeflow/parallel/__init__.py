@@ -21,11 +21,15 @@ if TYPE_CHECKING:
 __all__ = ["parallel_map", "parallel_source"]
 
 
+_WHERE = {"parallel_map": "pipeflow.parallel._map", "parallel_source": "pipeflow.parallel._source"}
+
+
 def __getattr__(name: str) -> Any:
     """The two stages, imported on first use: a worker process imports only its own loop."""
-    if name not in __all__:
+    module = _WHERE.get(name)
+    if module is None:
         msg = f"module 'pipeflow.parallel' has no attribute {name!r}"
         raise AttributeError(msg)
-    value = getattr(importlib.import_module(f"pipeflow.parallel.{name[8:]}"), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
