@@ -4,7 +4,7 @@ A tar sample is a dict keyed by extension (``"jpg"``, ``"json"``, ``"cls"``...).
 ``decode=True`` a reader turns each field whose extension it knows into a value:
 
 ===================================  ==========================================================
-extension (last part)                value
+extension                            value
 ===================================  ==========================================================
 ``jpg jpeg png ppm pgm pbm bmp      an RGB ``numpy.uint8`` array of shape ``(H, W, 3)``
 gif tif tiff webp``                  (Pillow)
@@ -16,7 +16,8 @@ anything else                        the bytes, unchanged
 ===================================  ==========================================================
 
 A mapping ``{extension: function}`` adds decoders or replaces these (``None`` keeps the
-bytes). An extension is matched by its last part (``"seg.png"`` decodes as ``"png"``).
+bytes). A field's extension is looked up whole, then by its last part: ``"seg.png"`` is
+decoded by a ``"seg.png"`` decoder when there is one, else as ``"png"``.
 """
 
 from __future__ import annotations
@@ -96,14 +97,20 @@ def decoders(stage: str, decode: Any) -> dict[str, Decoder | None] | None:
 
 
 def decode_sample(sample: dict[str, Any], table: Mapping[str, Decoder | None]) -> dict[str, Any]:
-    """*sample* with each field decoded by its extension (``__key__`` and the like kept).
+    """*sample* with each field decoded by its extension, looked up whole and then by its
+    last part (``__key__`` and the like kept).
 
     Raises:
         Exception: the decoder's, with a note naming the field.
+
+    Examples:
+        >>> table = {"seg.png": bytes.upper, "png": bytes.lower}
+        >>> decode_sample({"__key__": "a", "seg.png": b"Ab", "x.png": b"Ab"}, table)
+        {'__key__': 'a', 'seg.png': b'AB', 'x.png': b'ab'}
     """
     out = {}
     for ext, value in sample.items():
-        fn = None if ext.startswith("__") else table.get(ext.rsplit(".", 1)[-1].lower())
+        fn = None if ext.startswith("__") else _decoder(ext.lower(), table)
         if fn is None:
             out[ext] = value
             continue
@@ -115,3 +122,10 @@ def decode_sample(sample: dict[str, Any], table: Mapping[str, Decoder | None]) -
             )
             raise
     return out
+
+
+def _decoder(ext: str, table: Mapping[str, Decoder | None]) -> Decoder | None:
+    """The decoder of the (lowercased) extension *ext*: its own, else its last part's."""
+    if ext in table:
+        return table[ext]
+    return table.get(ext.rsplit(".", 1)[-1])
