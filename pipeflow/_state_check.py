@@ -38,6 +38,7 @@ __all__ = [
     "check_workers",
     "map_record_inline",
     "same_workers",
+    "verify_data",
 ]
 
 
@@ -68,6 +69,7 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     _check_length(state, length)
     records = _check_records(stages, _totals(source, stages), state)
     _check_passes(source, stages, records, adopted, state["epoch"])
+    verify_data(source, stages, records)
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     skip = plan(stages, [None] * len(stages), resume).source_skip
     if "source" in state:
@@ -94,6 +96,7 @@ def check_pass_record(
         raise _fail(f"{where}['stages'] must be a dict (got {stages_record!r})")
     state = {"position": position, "stages": stages_record}
     records = _check_records(stages, _totals(source, stages), state)
+    verify_data(source, stages, records, f"{where}['stages']")
     out: dict[str, Any] = {"position": position, "stages": records}
     skip = plan(stages, [None] * len(stages), out).source_skip
     if "source" in record:
@@ -252,6 +255,17 @@ def _check_records(
                 raise _fail(msg)
             k = answer.inputs if answer.kind == "below" else None
     return out
+
+
+def verify_data(
+    source: Any, stages: Sequence[Any], records: dict[int, Any], where: str = "state['stages']"
+) -> None:
+    """Refuse checked records whose data changed since the state was taken: each stage that
+    can tell (a reader: the shard it stopped in, :mod:`pipeflow.readers._versions`) looks."""
+    for i, record in records.items():
+        verify = getattr(stages[i], "verify_record", None)
+        if verify is not None and isinstance(record, dict):
+            verify(record, f"{where}[{str(flat_index(stages, i))!r}]", source)
 
 
 def _check_passes(

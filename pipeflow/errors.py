@@ -81,9 +81,13 @@ class WorkerDiedError(_EndsThePass, PipeflowError):
             delivered: the dead worker's and every other one's.
         unsent_from: the number of the first item of the pass never sent (the rest of the
             epoch was lost too), or ``None``.
+        worker: the dead worker's number in its stage, when known. For a
+            :func:`~pipeflow.parallel_source`, a note says where that worker stood in its
+            stream (the shard and sample its reader had delivered up to).
     """
 
     node: str | None = None
+    worker: int | None = None
 
     def __init__(self, text: str, *, pid: int | None = None, exitcode: int | None = None) -> None:
         super().__init__(text)
@@ -117,11 +121,13 @@ class StageStuckError(PipeflowError):
 
 class ShardReadError(PipeflowError):
     """A shard could not be read (it does not exist, it is truncated or malformed, or the
-    store failed past the retries): the message names the shard and the byte offset.
+    store failed past the retries or the timeout): the message names the shard, the byte
+    offset, and how many of its samples were delivered before it (the last by its key).
 
-    A reader yields it in the place of the shard's unread samples and goes on with the next
-    shard; :func:`~pipeflow.ignore_errors` never drops it (a shard's samples are not one bad
-    sample), so the epoch is never silently short.
+    A reader delivers every complete sample before the damage, yields this error once in the
+    place of the shard's unread samples, and goes on with the next shard: ``next()`` raises it
+    at its turn like any failed item, and :func:`~pipeflow.ignore_errors` drops and counts it
+    like one (its log line and statistics name it), so the epoch is never silently short.
     """
 
 

@@ -12,7 +12,6 @@ from pipeflow._failure import Failure
 from pipeflow._stage import Stage
 from pipeflow.errors import (
     PipeflowError,
-    ShardReadError,
     SplitTwiceError,
     StageStuckError,
     WorkerDiedError,
@@ -178,12 +177,12 @@ def _ignore(
             _log(dropped, context.epoch)
 
 
-#: Errors that end a pass (or a stage's stream) wherever they come from, or stand for more than
-#: one sample: a dead worker, a timeout, a stuck stage, an unreadable shard, a stream split
-#: twice. Dropping one would shorten the epoch without a word.
+#: Errors that end a pass (or a stage's stream) wherever they come from: a dead worker, a
+#: timeout, a stuck stage, a stream split twice. Dropping one would shorten the epoch without a
+#: word. (A ShardReadError is dropped and counted like a failed sample: the reader goes on with
+#: the next shard, and the error names the samples of its shard that were delivered.)
 _NEVER_DROPPED = (
     StageStuckError,
-    ShardReadError,
     SplitTwiceError,
     WorkerDiedError,
     WorkerTimeoutError,

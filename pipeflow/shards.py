@@ -19,9 +19,9 @@ order is a function of the seed and the epoch alone.
 
 from __future__ import annotations
 
-import contextlib
 import glob as _glob
 import hashlib
+import os
 import random
 import re
 from bisect import bisect_right
@@ -36,7 +36,7 @@ from pipeflow.distributed import rank_and_world_size
 from pipeflow.loader import Loader
 from pipeflow.worker_info import get_worker_info, in_replica
 
-__all__ = ["Shard", "expand", "shards", "split"]
+__all__ = ["Shard", "expand", "relative_names", "root_of", "shards", "split"]
 
 _BALANCES = ("pad", "drop", "shards")
 _BRACE = re.compile(r"\{([^{}]*)\}")
@@ -94,21 +94,40 @@ def _local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
-def _glob_one(pattern: str, storage_options: Mapping[str, Any]) -> list[str]:
+def _glob_one(pattern: str, storage_options: Mapping[str, Any], timeout: float) -> list[str]:
     if _is_local(pattern):
         prefix = "file://" if pattern.startswith("file://") else ""
         return [prefix + p for p in sorted(_glob.glob(_local_path(pattern)))]
+    from pipeflow.errors import _add_note
+    from pipeflow.readers._remote import credentials_note, import_file_system, refused
+    from pipeflow.readers._storage import call_within
+
+    import_file_system(pattern, "shards: pattern")
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(pattern, **storage_options)
     protocol = pattern.split("://", 1)[0]
-    found = sorted(fs.glob(path))
+    try:
+        found = sorted(call_within(fs, "glob", timeout, path))
+    except TimeoutError as e:
+        msg = (
+            f"shards: listing {pattern!r} got no answer in {timeout:g} s: pass a larger "
+            "timeout= for a slow store or a long listing, or list the shards by name"
+        )
+        raise TimeoutError(msg) from e
+    except Exception as e:
+        if refused(e):
+            _add_note(e, credentials_note(f"shards: listing {pattern!r}", pattern, e))
+        raise
     return [p if "://" in p else f"{protocol}://{p}" for p in found]
 
 
-def expand(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def expand(
+    pattern: str, storage_options: Mapping[str, Any] | None = None, *, timeout: float = 60.0
+) -> list[str]:
     """The shard names a pattern stands for: braces expanded, then globs matched (sorted),
-    on the local disk or through fsspec for a URL.
+    on the local disk or through fsspec for a URL (each listing waited on at most *timeout*
+    seconds: a ``TimeoutError`` after).
 
     Examples:
         >>> expand("s3://bucket/train-{000..002}.tar")
@@ -119,7 +138,7 @@ def expand(pattern: str, storage_options: Mapping[str, Any] | None = None) -> li
     out: list[str] = []
     for name in _braces(pattern):
         if any(c in name.split("://", 1)[-1] for c in "*?["):
-            out.extend(_glob_one(name, storage_options or {}))
+            out.extend(_glob_one(name, storage_options or {}, timeout))
         else:
             out.append(name)
     return out
@@ -229,19 +248,33 @@ class _Shards(Source[Shard]):
 
     # -- what it is ---------------------------------------------------------------------------
     def describe(self) -> str:
+        root = root_of(self.urls)
+        return self._describe(f" under {root!r}" if root else "")
+
+    def identity(self) -> str:
+        """What a state compares: the shards' names relative to their folder or bucket (see
+        :func:`root_of`), so a state resumes over the same shards moved elsewhere; the seed
+        only when the order depends on it."""
+        return self._describe("")
+
+    def _describe(self, where: str) -> str:
         c = self.config
-        urls = self.urls
-        digest = hashlib.sha1("\n".join(urls).encode()).hexdigest()[:8]
-        listed = f"{urls[0]!r}" if len(urls) == 1 else f"{urls[0]!r} … {urls[-1]!r}" if urls else ""
-        what = f"{len(urls)} shards: {listed} #{digest}" if urls else "no shards"
+        names = relative_names(self.urls)
+        digest = hashlib.sha1("\n".join(names).encode()).hexdigest()[:8]
+        if not names:
+            what = "no shards"
+        else:
+            listed = f"{names[0]!r}" + (f" … {names[-1]!r}" if len(names) > 1 else "")
+            what = f"{len(names)} shards{where}: {listed} #{digest}"
         if self.sizes is not None:
             sized = hashlib.sha1(repr(self.sizes).encode()).hexdigest()[:8]
             what += f", sizes={sum(self.sizes)} samples #{sized}"
         r, w = rank_and_world_size() if None in (c["rank"], c["world_size"]) else (0, 1)
         rank = f"{c['rank']}" if c["rank"] is not None else f"None (now {r})"
         world = f"{c['world_size']}" if c["world_size"] is not None else f"None (now {w})"
+        seed = f"seed={c['seed']!r}, " if c["shuffle"] else ""
         return (
-            f"shards({what}, seed={c['seed']!r}, shuffle={c['shuffle']}, "
+            f"shards({what}, {seed}shuffle={c['shuffle']}, "
             f"balance={c['balance']!r}, rank={rank}, world_size={world})"
         )
 
@@ -261,19 +294,79 @@ def _rebuild(urls: tuple[str, ...], sizes: Any, config: dict[str, Any]) -> _Shar
     return _Shards(urls, sizes, **config)
 
 
+def root_of(urls: Sequence[str]) -> str:
+    """The folder or bucket prefix all *urls* share, up to and with its last ``/`` (``""``
+    when they share none): what a state leaves out of the shards' names.
+
+    Examples:
+        >>> root_of(["/data/v1/train-0.tar", "/data/v1/train-1.tar"])
+        '/data/v1/'
+        >>> root_of(["s3://b/x/a.tar", "s3://b/y/c.tar"])
+        's3://b/'
+        >>> root_of(["a.tar"])
+        ''
+    """
+    if not urls:
+        return ""
+    first, last = min(urls), max(urls)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[: first.rfind("/", 0, n) + 1]
+
+
+def relative_names(urls: Sequence[str]) -> list[str]:
+    """*urls* without their common :func:`root_of`.
+
+    Examples:
+        >>> relative_names(["/data/v1/train-0.tar", "/data/v1/val/0.tar"])
+        ['train-0.tar', 'val/0.tar']
+    """
+    cut = len(root_of(urls))
+    return [u[cut:] for u in urls]
+
+
 def _import_file_systems(urls: list[str]) -> None:
     """Import the fsspec file systems of the remote shards (s3fs for ``s3://``...) here,
     once: forked workers then start with them, instead of each importing them again for
     every pass (about a second for s3fs and aiobotocore on a 2-core machine). One that is
-    not installed is left to the reader, which names the shard it could not open."""
-    protocols = {u.split("://", 1)[0] for u in urls if not _is_local(u)}
-    if not protocols:
+    not installed is an :class:`ImportError` now, naming the package and how to install
+    it, not at the first ``next()``. A protocol fsspec does not know is left to the reader,
+    which names the shard it could not open."""
+    first: dict[str, str] = {}  # a URL of each remote protocol
+    for u in urls:
+        if not _is_local(u):
+            first.setdefault(u.split("://", 1)[0], u)
+    if not first:
         return
-    import fsspec
+    from pipeflow.readers._remote import import_file_system
 
-    for protocol in sorted(protocols):
-        with contextlib.suppress(ImportError, ValueError):
-            fsspec.get_filesystem_class(protocol)
+    for protocol in sorted(first):
+        import_file_system(first[protocol], "shards: shard")
+
+
+def _check_local(pattern: str, names: list[str]) -> None:
+    """Refuse a pattern whose local names do not all exist, naming the first missing and
+    how many are (a listing per folder: cheap on a local disk)."""
+    folders: dict[str, set[str]] = {}
+    missing = []
+    for name in names:
+        if not _is_local(name):
+            continue
+        folder, base = os.path.split(_local_path(name))
+        if folder not in folders:
+            try:
+                folders[folder] = set(os.listdir(folder or "."))
+            except OSError:
+                folders[folder] = set()
+        if base not in folders[folder]:
+            missing.append(name)
+    if missing:
+        msg = (
+            f"shards: {missing[0]!r} does not exist ({len(missing)} of the {len(names)} "
+            f"shards {pattern!r} names are missing)"
+        )
+        raise ValueError(msg)
 
 
 def _needs_sizes(world: int) -> str:
@@ -309,6 +402,32 @@ def _sizes(urls: list[str], sizes: Any) -> tuple[int, ...] | None:
     return tuple(_checks.integer("shards", "sizes[...]", v, low=0) for v in values)
 
 
+def _listed(urls: Any, storage_options: Any, timeout: Any) -> list[str]:
+    """The shard names *urls* stands for, checked (see :func:`shards`)."""
+    from pipeflow.readers._remote import check_timeout
+
+    timeout = check_timeout("shards", timeout)
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        msg = f"shards: storage_options must be a mapping (got {type(storage_options).__name__})"
+        raise TypeError(msg)
+    if isinstance(urls, str):
+        listed = expand(urls, storage_options, timeout=timeout)
+        if not listed:
+            msg = f"shards: no shard matches {urls!r}"
+            raise ValueError(msg)
+        _check_local(urls, listed)
+    elif isinstance(urls, Sequence) and all(isinstance(u, str) for u in urls):
+        listed = list(urls)
+    else:
+        msg = f"shards: urls must be a pattern or a list of names (got {type(urls).__name__})"
+        raise TypeError(msg)
+    if len(set(listed)) != len(listed):
+        dup = next(u for u in listed if listed.count(u) > 1)
+        msg = f"shards: {dup!r} is listed twice: its samples would be read twice an epoch"
+        raise ValueError(msg)
+    return listed
+
+
 def shards(
     urls: str | Sequence[str],
     *,
@@ -319,6 +438,7 @@ def shards(
     sizes: Sequence[int] | Mapping[str, int] | None = None,
     balance: str = "pad",
     storage_options: Mapping[str, Any] | None = None,
+    timeout: float = 60.0,
 ) -> Loader[Shard]:
     """The shards of a sharded dataset, shuffled per epoch and split across ranks and
     workers: every shard is read once per epoch by the whole job.
@@ -349,10 +469,17 @@ def shards(
             or ``"shards"``: whole shards dealt in turn, uneven when the shards are (pair it
             with ``torch.distributed.algorithms.Join``).
         storage_options: options for fsspec's file system, to match a glob.
+        timeout: seconds the listing of a glob pattern through fsspec may take (the whole
+            listing: a bucket of millions of objects may need more).
 
     Raises:
-        TypeError, ValueError: for bad arguments, a pattern that matches nothing, sizes that
-            do not match the shards, or several ranks with ``"pad"`` / ``"drop"`` and no sizes.
+        TypeError, ValueError: for bad arguments, a pattern that matches nothing, a pattern
+            whose local names do not all exist, sizes that do not match the shards, or
+            several ranks with ``"pad"`` / ``"drop"`` and no sizes.
+        ImportError: for a URL whose file system's package is not installed (s3fs for
+            ``s3://``, aiohttp for ``http(s)://``: ``pip install 'pipeflow[stream]'``;
+            gcsfs for ``gs://``, adlfs for ``az://``), naming it.
+        TimeoutError: for a listing that takes longer than *timeout*.
 
     Examples:
         >>> import pipeflow as pf
@@ -363,20 +490,7 @@ def shards(
         >>> sorted(s.url for s in loader) == names
         True
     """
-    if isinstance(urls, str):
-        listed = expand(urls, storage_options)
-        if not listed:
-            msg = f"shards: no shard matches {urls!r}"
-            raise ValueError(msg)
-    elif isinstance(urls, Sequence) and all(isinstance(u, str) for u in urls):
-        listed = list(urls)
-    else:
-        msg = f"shards: urls must be a pattern or a list of names (got {type(urls).__name__})"
-        raise TypeError(msg)
-    if len(set(listed)) != len(listed):
-        dup = next(u for u in listed if listed.count(u) > 1)
-        msg = f"shards: {dup!r} is listed twice: its samples would be read twice an epoch"
-        raise ValueError(msg)
+    listed = _listed(urls, storage_options, timeout)
     _checks.boolean("shards", "shuffle", shuffle)
     seed = fresh_seed() if seed is None else check_seed("shards", seed)
     rank = _checks.optional_integer("shards", "rank", rank, low=0)
@@ -385,9 +499,6 @@ def shards(
         msg = f"shards: rank must be below world_size (got rank={rank}, world_size={world_size})"
         raise ValueError(msg)
     _checks.one_of("shards", "balance", balance, _BALANCES)
-    if storage_options is not None and not isinstance(storage_options, Mapping):
-        msg = f"shards: storage_options must be a mapping (got {type(storage_options).__name__})"
-        raise TypeError(msg)
     checked = _sizes(listed, sizes)
     _import_file_systems(listed)
     if world_size is not None and world_size > 1 and checked is None and balance != "shards":

@@ -5,7 +5,8 @@ Spawned by the test with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, and
 ``sys.argv[1:]``: the folder of results, then the shards' paths. Each rank reads its share of
 the shards (``pf.shards`` asks torch.distributed for the rank and the world size) and, like a
 DDP step, all-reduces once per batch: first with the default policy (``balance="pad"``, with
-``sizes=``), then with ``balance="shards"`` and no ``Join``. A collective the other rank never
+``sizes=``), then inside and after two ``parallel_source`` workers, then with ``balance="shards"`` and
+no ``Join``. A collective the other rank never
 joins waits for the process group's timeout (3 s here; 30 minutes by default), so the hang
 shows as a timeout, recorded with the step it happened at. Each rank writes
 ``rank<r>.json`` and waits for the other's before it leaves (so a rank that finished early is
@@ -28,6 +29,7 @@ import pipeflow as pf
 from tests._shards import ident
 
 BATCH = 2
+WORKERS = {"backend": "thread"}  # threads: no fork of a process that holds a process group
 
 
 def steps(loader: pf.Loader) -> dict[str, object]:
@@ -51,10 +53,21 @@ def main() -> int:
     rank = dist.get_rank()
     one = {"rank": 0, "world_size": 1}  # each shard read whole here, to count its samples
     sizes = [sum(1 for _ in pf.shards([p], **one) | pf.read_tar(decode=False)) for p in paths]
-    result = {}
-    for policy in ("pad", "shards"):  # the hang last: it leaves the process group broken
-        shards = pf.shards(paths, shuffle=False, sizes=sizes, balance=policy)
-        result[policy] = steps(shards | pf.read_tar() | pf.batch(BATCH))
+    result: dict[str, object] = {}
+    shards = pf.shards(paths, shuffle=False, sizes=sizes)
+    result["pad"] = steps(shards | pf.read_tar() | pf.batch(BATCH))
+    # Two workers per rank: batching inside them is refused as the pass starts (each
+    # worker's share ends in a partial batch of its own, and the shares differ by rank);
+    # batching after them keeps the ranks even.
+    inside = pf.parallel_source(shards | pf.read_tar() | pf.batch(BATCH), workers=2, **WORKERS)
+    try:
+        result["inside"] = steps(inside)
+    except ValueError as e:
+        result["inside"] = {"refused": str(e)}
+    after = pf.parallel_source(shards | pf.read_tar(), workers=2, **WORKERS) | pf.batch(BATCH)
+    result["after"] = steps(after)
+    whole = pf.shards(paths, shuffle=False, sizes=sizes, balance="shards")
+    result["shards"] = steps(whole | pf.read_tar() | pf.batch(BATCH))  # last: it hangs
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     other = os.path.join(out, f"rank{1 - rank}.json")

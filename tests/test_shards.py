@@ -377,6 +377,13 @@ def test_uneven_shards_hang_ddp_with_whole_shards_and_not_with_the_default(tmp_p
     pad = [s["pad"] for s in seen]
     assert [r["steps"] for r in pad] == [3, 3] and [r["hung"] for r in pad] == [None, None]
     assert sorted(x for r in pad for x in r["samples"]) == sorted(_everything(sizes))
+    # batch inside two parallel_source workers: refused on both ranks as the pass starts,
+    # never a hang; batch after them: the same steps on both ranks, every sample once
+    inside = [s["inside"] for s in seen]
+    assert all("batch runs inside the 2 workers" in r.get("refused", "") for r in inside), inside
+    after = [s["after"] for s in seen]
+    assert [r["steps"] for r in after] == [3, 3] and [r["hung"] for r in after] == [None, None]
+    assert sorted(x for r in after for x in r["samples"]) == sorted(_everything(sizes))
     # whole shards, no Join: rank 0 has 5 batches, rank 1 one; rank 0's second all-reduce
     # waits on a rank that will never join it, until the process group's timeout
     whole = [s["shards"] for s in seen]
@@ -477,20 +484,21 @@ def test_a_sample_that_fails_to_decode_is_dropped_by_ignore_errors(tmp_path: Any
     assert next(it)["json"] == {"id": "a"}
     with pytest.raises(ValueError) as info:
         next(it)
-    assert "line 1 of shard" in " ".join(info.value.__notes__)
+    assert "line 2 (byte 12) of shard" in " ".join(info.value.__notes__)
     assert next(it)["json"] == {"id": "c"}  # the pass goes on
     dropping = pf.shards([path]) | pf.read_jsonl() | pf.ignore_errors()
     assert [s["json"]["id"] for s in dropping] == ["a", "c"]
 
 
-def test_a_missing_or_truncated_shard_is_an_error_never_dropped(tmp_path: Any) -> None:
+def test_a_missing_or_truncated_shard_is_one_error_and_ignore_errors_counts_it(
+    tmp_path: Any,
+) -> None:
     paths = write_shards(str(tmp_path), [3, 3, 3])
     with open(paths[1], "r+b") as f:
         f.truncate(3072 + 100)  # inside the header of the second sample's second file
     os.remove(paths[2])
-    loader = pf.shards(paths, shuffle=False) | pf.read_tar() | pf.ignore_errors()
     out, errors = [], []
-    it = iter(loader)
+    it = iter(pf.shards(paths, shuffle=False) | pf.read_tar())
     while True:
         try:
             out.append(ident(next(it)))
@@ -499,8 +507,13 @@ def test_a_missing_or_truncated_shard_is_an_error_never_dropped(tmp_path: Any) -
         except pf.ShardReadError as e:
             errors.append(str(e))
     assert out == ["0-0", "0-1", "0-2", "1-0"]  # nothing after a cut, nothing twice
-    assert "is truncated or malformed" in errors[0] and "at byte 3072" in errors[0]
+    assert len(errors) == 2, errors
+    assert paths[1] in errors[0] and "at byte 3072" in errors[0]
     assert "does not exist" in errors[1] and paths[2] in errors[1]
+    # under ignore_errors each is one failed item, dropped and counted; the pass goes on
+    dropping = pf.shards(paths, shuffle=False) | pf.read_tar() | pf.ignore_errors()
+    assert [ident(s) for s in dropping] == out
+    assert dropping.stats().stages[-1].ignored_errors == 2
 
 
 def test_sizes_that_lie_are_an_error(tmp_path: Any) -> None:

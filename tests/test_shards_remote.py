@@ -48,7 +48,7 @@ def test_s3_every_sample_once_with_workers_and_an_exact_resume(tmp_path: Any) ->
         resumed.load_state_dict(state)
         assert head + [ident(s) for s in resumed] == full
         # a shard that disappears after it was listed: an error naming it, the rest read
-        listed = make() | pf.ignore_errors()
+        listed, dropping = make(), make() | pf.ignore_errors()  # listed before the rm
         fs.rm("data/shard-0002.tar")
         out, errors = [], []
         it = iter(listed)
@@ -61,6 +61,9 @@ def test_s3_every_sample_once_with_workers_and_an_exact_resume(tmp_path: Any) ->
                 errors.append(str(e))
         assert len(errors) == 1 and "shard-0002.tar" in errors[0] and "does not exist" in errors[0]
         assert sorted(out) == sorted(x for x in full if not x.startswith("2-"))
+        # under ignore_errors: dropped and counted, as one failed item
+        assert sorted(ident(s) for s in dropping) == sorted(out)
+        assert dropping.stats().stages[-1].ignored_errors == 1
 
 
 def test_http_a_reset_mid_shard_is_retried_and_nothing_is_read_twice(tmp_path: Any) -> None:

@@ -413,6 +413,7 @@ class ProcessPool(TakingTurns):
             )
         error = WorkerDiedError(msg + fix, pid=proc.pid, exitcode=code)
         error.fix = fix  # the pass adds what it lost before it
+        error.worker = wid  # parallel_source names where the worker stood in its stream
         raise error
 
     def _last_words(self, wid: int) -> list[Reply]:

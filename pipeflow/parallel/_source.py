@@ -34,6 +34,7 @@ class _ParallelSource(Source[Any]):
         return True  # a resumed pass's workers each resume their replica (SourceRecord)
 
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
+        _even_batches(self.loader, self.config.workers, when_built=False)
         hooks = hooks or Hooks()
         job = SourceJob(self.loader, "parallel_source")
         # Read now, as the pass starts (not at its first item): what this pass tells workers.
@@ -44,15 +45,18 @@ class _ParallelSource(Source[Any]):
         it = run_parallel(job, self.config, "parallel_source", None, context, hooks, note)
         if context.start and hooks.saved is None:  # no record: the items are read again
             return islice(it, context.start, None)
-        return it
+        return _naming_positions(it, record, self.loader)
 
     def requires_record(self) -> bool:
         """A state that consumed some of its items holds each worker's count."""
         return True
 
     def check_record(self, record: Any, position: int) -> dict[str, Any]:
-        """A :class:`~pipeflow.parallel._records.SourceRecord`'s, from as many workers."""
-        return check_source_record(self.config, record, position)
+        """A :class:`~pipeflow.parallel._records.SourceRecord`'s, from as many workers; the
+        data each worker's replica stopped in must be as it was (a reader's shard)."""
+        checked = check_source_record(self.config, record, position)
+        _verify_replicas(self.loader, checked)
+        return checked
 
     def describe(self) -> str:
         return self.config.describe("parallel_source", repr(self.loader))
@@ -74,8 +78,116 @@ class _ParallelSource(Source[Any]):
     def identity(self) -> str:
         """What a state compares: the loader each worker runs and the delivery order, not
         the runtime knobs (the worker count is checked with the source's record)."""
+        from pipeflow.state import fingerprint
+
         order = "" if self.config.ordered else ", ordered=False"
-        return f"parallel_source({self.loader!r}{order})"
+        inner = " | ".join(fingerprint(self.loader.source, self.loader.stages))
+        return f"parallel_source({inner}{order})"
+
+
+def _naming_positions(
+    it: Iterator[Any], record: SourceRecord, loader: Loader[Any]
+) -> Iterator[Any]:
+    """*it*'s items; a worker's death names where that worker stood in its stream (the
+    shard and sample its reader had reached), which the rest of its share starts from."""
+    from pipeflow.errors import WorkerDiedError, _add_note
+
+    made = 0
+    try:
+        for item in it:
+            made += 1
+            yield item
+    except WorkerDiedError as e:
+        if e.worker is not None:
+            state = record.states.after(made).get(e.worker, {}).get("state") or {}
+            where = stream_position(loader, state.get("replica"))
+            if where:
+                note = (
+                    f"pipeflow: parallel_source worker {e.worker} had delivered {where}; the "
+                    "rest of its share of the epoch was not delivered (a state taken before "
+                    "this error resumes there)"
+                )
+                _add_note(e, note)
+        raise
+
+
+def stream_position(loader: Loader[Any], replica: Any) -> str:
+    """Where a worker's replica stands, in the words of its readers' records: "4 samples of
+    'train-0003.tar' (its sample 4 next at byte 8192)", or ``""`` when no reader says."""
+    from pipeflow.shards import relative_names
+
+    kept = replica.get("stages") if isinstance(replica, dict) else None
+    urls = getattr(loader.source, "urls", None)
+    for record in (kept or {}).values():
+        if not isinstance(record, dict) or "inputs" not in record:
+            continue
+        shard = record.get("shard") or {}
+        number = shard.get("number")
+        if urls is not None and isinstance(number, int) and 0 <= number < len(urls):
+            name = repr(relative_names(urls)[number])
+        else:
+            name = (
+                repr(shard["url"]) if "url" in shard else f"shard {record['inputs']} of its share"
+            )
+        if not record.get("start"):
+            return f"{record['inputs']} whole shards of its share (its next shard not begun)"
+        at = f" at byte {record['offset']}" if "offset" in record else ""
+        return f"{record['start']} samples of {name} (its sample {record['start']} next{at})"
+    return ""
+
+
+def _verify_replicas(loader: Loader[Any], record: dict[str, Any]) -> None:
+    """Each worker's replica record, looked at by the stages that can tell whether their data
+    changed since (:func:`pipeflow._state_check.verify_data`)."""
+    from pipeflow._state_check import verify_data
+    from pipeflow.state import flat_index
+
+    stages = loader.stages
+    by_flat = {str(flat_index(stages, i)): i for i in range(len(stages))}
+    for w, worker in record["workers"].items():
+        replica = (worker.get("state") or {}).get("replica") if isinstance(worker, dict) else None
+        kept = replica.get("stages") if isinstance(replica, dict) else None
+        if not isinstance(kept, dict):
+            continue
+        records = {by_flat[k]: v for k, v in kept.items() if k in by_flat}
+        where = f"state['source']['workers'][{w!r}]['state']['replica']['stages']"
+        verify_data(loader.source, stages, records, where)
+
+
+#: The stages that group items into batches: inside workers, each groups its own share.
+_GROUPING = ("batch", "bucket", "pack")
+
+
+def _even_batches(loader: Loader[Any], workers: int, *, when_built: bool) -> None:
+    """Refuse batching inside several workers over shards that promise every rank the same
+    number of samples (``balance="pad"`` or ``"drop"`` across ranks): each worker batches
+    its own share, ending in a partial batch of its own, and the shares differ from rank to
+    rank, so ranks would make different numbers of batches and DDP would wait forever on the
+    rank that runs out first. Checked when built where the world size is given, else as
+    each pass starts (when torch.distributed or ``WORLD_SIZE`` tell it)."""
+    from pipeflow.distributed import rank_and_world_size
+    from pipeflow.shards import _Shards
+
+    source = loader.source
+    grouping = [s.name for s in loader.stages if getattr(s, "name", None) in _GROUPING]
+    if workers < 2 or not grouping or not isinstance(source, _Shards):
+        return
+    balance, world = source.config["balance"], source.config["world_size"]
+    if world is None and not when_built:
+        world = rank_and_world_size()[1]
+    if balance == "shards" or world is None or world < 2:
+        return
+    msg = (
+        f"parallel_source: {grouping[0]} runs inside the {workers} workers, over shards split "
+        f"across {world} ranks with balance={balance!r}: every rank reads the same number of "
+        "samples, but each worker batches its own share and ends with a partial batch of its "
+        "own, so ranks would make different numbers of batches and a DDP job would wait "
+        f"forever on the rank that runs out first. Batch after the workers: "
+        f"pf.parallel_source(pf.shards(...) | pf.read_tar() | ..., workers={workers}) | "
+        f"pf.{grouping[0]}(...); or deal whole shards (balance='shards') and join the ranks "
+        "(torch.distributed.algorithms.Join)"
+    )
+    raise ValueError(msg)
 
 
 def _split_once(loader: Loader[Any]) -> None:
@@ -157,6 +269,7 @@ def parallel_source(
         msg = f"parallel_source: loader must be a pipeflow loader (got {type(loader).__name__})"
         raise TypeError(msg)
     _split_once(loader)
+    _even_batches(loader, workers if isinstance(workers, int) else 0, when_built=True)
     config = settings(
         "parallel_source",
         workers=workers,

@@ -35,8 +35,10 @@ from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage, _short
 from pipeflow.errors import ShardReadError, annotate
-from pipeflow.readers._bytes import Storage, Stream, is_local
+from pipeflow.readers._bytes import Stream, is_local
 from pipeflow.readers._decode import decoders
+from pipeflow.readers._storage import Storage
+from pipeflow.readers._versions import check_fingerprint, verify_shard
 from pipeflow.shards import Shard
 from pipeflow.state import Resume, check_inputs, integer
 
@@ -74,23 +76,50 @@ class ReadRecord:
     module's text). *offset*: shards done before the pass; *start*, *first*: the first
     shard's samples consumed before the pass, and where the next one starts."""
 
-    __slots__ = ("before", "ends", "first", "inputs", "offset", "offsets", "skipped")
+    __slots__ = (
+        "before",
+        "bytes",
+        "current",
+        "ends",
+        "first",
+        "heads",
+        "inputs",
+        "named",
+        "numbers",
+        "offset",
+        "offsets",
+        "skipped",
+    )
 
-    def __init__(self, offset: int, start: int, first: int | None) -> None:
+    def __init__(
+        self, offset: int, start: int, first: int | None, shard: dict[str, Any] | None = None
+    ) -> None:
         self.offset = offset
         self.inputs = 0  # shards opened in this pass
         self.before = array("q")  # per shard: outputs of the pass before its first one
         self.skipped = array("q")  # per shard: its samples consumed before the pass
         self.ends = array("q")  # per shard: its outputs in the pass (-1: still open)
         self.offsets: deque[tuple[int, array[int]]] = deque()  # (shard, next offsets)
-        self.first = (start, first)
+        self.first = (start, first, shard)
+        # Per shard, what names it and tells its version (see _fingerprint): its number in
+        # the source's list, its size and head digest (-1: not known), a plain name's URL.
+        self.numbers, self.bytes, self.heads = array("q"), array("q"), array("q")
+        self.named: dict[int, str] = {}
+        self.current: Opened | None = None
 
-    def open(self, made: int, start: int) -> array[int]:
-        """A shard opens after *made* outputs of the pass; its *start* samples were consumed
+    def open(self, made: int, start: int, shard: Shard, opened: Opened) -> array[int]:
+        """*shard* opens after *made* outputs of the pass; its *start* samples were consumed
         before. Returns where its samples' offsets go."""
+        self._settle()
         self.before.append(made)
         self.skipped.append(start)
         self.ends.append(-1)
+        self.numbers.append(shard.number)
+        self.bytes.append(-1)
+        self.heads.append(0)
+        if shard.number < 0:
+            self.named[self.inputs] = shard.url
+        self.current = opened
         offsets = array("q")
         self.offsets.append((self.inputs, offsets))
         if len(self.offsets) > KEEP_OFFSETS:
@@ -101,19 +130,44 @@ class ReadRecord:
     def close(self, outputs: int) -> None:
         """The open shard made *outputs* outputs in this pass."""
         self.ends[-1] = outputs
+        self._settle()
+
+    def _settle(self) -> None:
+        """Keep the open shard's fingerprint as two numbers, once known."""
+        if self.current is not None and self.bytes[-1] < 0:
+            known = self.current.fingerprint()
+            if known is not None:
+                self.bytes[-1] = known["bytes"]
+                self.heads[-1] = int.from_bytes(bytes.fromhex(known["head"]), "big", signed=True)
+        if self.ends and self.ends[-1] >= 0:
+            self.current = None
+
+    def _fingerprint(self, j: int) -> dict[str, Any] | None:
+        """Shard *j*'s name and version, as a state keeps them (``None``: not known)."""
+        if j == self.inputs - 1:
+            self._settle()
+        if self.bytes[j] < 0:
+            return None
+        head = self.heads[j].to_bytes(8, "big", signed=True).hex()
+        number = self.numbers[j]
+        named = {"number": number} if number >= 0 else {"url": self.named.get(j, "")}
+        return {**named, "bytes": self.bytes[j], "head": head}
 
     def after(self, consumed: int) -> dict[str, Any]:
         """Where the reader stands once the consumer took *consumed* of this pass's outputs."""
         j = bisect_right(self.before, consumed) - 1
         if j < 0:  # nothing opened yet: where the pass began
-            start, first = self.first
-            return _form(self.offset, start, first)
+            start, first, shard = self.first
+            return _form(self.offset, start, first, shard)
         into = consumed - self.before[j]
         if self.ends[j] == into and (j + 1 == self.inputs or self.before[j + 1] > consumed):
             return {"inputs": self.offset + j + 1}  # the shard is done
         start = self.skipped[j] + into
         offset = self._offset(j, into)
-        return _form(self.offset + j, start, offset)
+        shard = self._fingerprint(j) if start else None
+        if shard is None and j == 0:
+            shard = self.first[2]
+        return _form(self.offset + j, start, offset, shard)
 
     def _offset(self, j: int, into: int) -> int | None:
         if into == 0:
@@ -124,25 +178,30 @@ class ReadRecord:
         return None
 
 
-def _form(inputs: int, start: int, offset: int | None) -> dict[str, Any]:
+def _form(
+    inputs: int, start: int, offset: int | None, shard: dict[str, Any] | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"inputs": inputs}
     if start:
         out["start"] = start
         if offset is not None:
             out["offset"] = offset
+        if shard is not None:
+            out["shard"] = shard
     return out
 
 
 class Reader(Stage[Any, Any]):
     """A reader stage: its function is the format's parser (see :data:`Parser`); its
-    configuration holds ``prefetch``, ``storage_options``, ``block_size``, ``window`` and
-    ``retries`` besides the format's own (``decode``, ``columns``)."""
+    configuration holds ``prefetch``, ``storage_options``, ``block_size``, ``window``,
+    ``retries`` and ``timeout`` besides the format's own (``decode``, ``columns``)."""
 
     __slots__ = ()
 
     def identity(self) -> list[str]:
         """What a state compares: the format and what it makes of the bytes, not how they
-        are fetched (prefetch, blocks, retries, storage options may change between runs)."""
+        are fetched (prefetch, blocks, retries, timeouts, storage options may change between
+        runs)."""
         kept = {k: v for k, v in self._config.items() if k in ("decode", "columns")}
         return [f"{self._name}({', '.join(f'{k}={_short(v)}' for k, v in kept.items())})"]
 
@@ -156,15 +215,16 @@ class Reader(Stage[Any, Any]):
     ) -> Iterator[Any]:
         hooks = hooks or Hooks()
         saved = hooks.saved or {}
-        offset = saved.get("offset")
-        return _read(self._fn, self._name, upstream, context, hooks.record, offset, self._config)
+        first = saved.get("offset"), saved.get("shard")
+        return _read(self._fn, self._name, upstream, context, hooks.record, first, self._config)
 
     def resumption(self, k: int, context: Context | None) -> Resume:
         """Where its first *k* outputs leave it is in the pass's record."""
         return Resume.recorded()
 
     def new_record(self, context: Context, saved: dict[str, Any] | None) -> ReadRecord:
-        return ReadRecord(context.offset, context.start, (saved or {}).get("offset"))
+        saved = saved or {}
+        return ReadRecord(context.offset, context.start, saved.get("offset"), saved.get("shard"))
 
     def check_record(
         self, record: Any, where: str, consumed: int | None, total: int | None
@@ -173,13 +233,35 @@ class Reader(Stage[Any, Any]):
         position in the shard, at least 0). A reader makes any number of samples of a shard,
         so *n* is not bounded by what the position says; *m*, samples of the epoch's outputs
         consumed, is."""
-        checked = check_inputs(record, where, consumed, total, {"offset"})
+        checked = check_inputs(record, where, consumed, total, {"offset", "shard"})
         if "offset" in checked:
             if not checked.get("start"):
                 msg = f"load_state_dict: {where} has an offset but no 'start' (samples read)"
                 raise ValueError(msg)
             integer(checked["offset"], f"{where}['offset']")
+        if "shard" in checked:
+            if not checked.get("start"):
+                msg = f"load_state_dict: {where} names a shard but no 'start' (samples read)"
+                raise ValueError(msg)
+            check_fingerprint(checked["shard"], f"{where}['shard']")
         return checked
+
+    def verify_record(self, record: dict[str, Any], where: str, source: Any) -> None:
+        """Refuse a checked record whose shard changed since the state was taken (another
+        size or head) or is gone: its samples after the ``start`` consumed would not be the
+        ones the state means. The shard is found by its number in *source*'s list, wherever
+        the list now lives (see :func:`~pipeflow.shards.root_of`)."""
+        shard = record.get("shard")
+        if shard is None:
+            return
+        check_fingerprint(shard, f"{where}['shard']")
+        urls = getattr(source, "urls", None)
+        number = shard.get("number", -1)
+        url = urls[number] if urls is not None and 0 <= number < len(urls) else shard.get("url")
+        if not isinstance(url, str):
+            msg = f"load_state_dict: {where} names shard {number}, which the source does not have"
+            raise ValueError(msg)
+        verify_shard(self._fn, url, shard, self._config, where, record.get("start", 0))
 
 
 def _read(
@@ -188,21 +270,20 @@ def _read(
     upstream: Iterable[Any],
     context: Context,
     record: ReadRecord | None,
-    offset: int | None,
+    first: tuple[int | None, dict[str, Any] | None],
     config: dict[str, Any],
 ) -> Iterator[Any]:
-    """The samples of every shard from *upstream*, the first from ``context.start`` (at
-    *offset*, when known); a shard that fails is a :class:`ShardReadError` in its place."""
+    """The samples of every shard from *upstream*, the first from ``context.start`` (at the
+    byte offset *first* gives, when known, in the version of the shard it names); a shard
+    that fails is a :class:`ShardReadError` in its place."""
     config = {**config, "decoders": decoders(name, config.get("decode", False))}
-    storage = Storage(
-        config["storage_options"], config["block_size"], config["window"], config["retries"]
-    )
-    start, made = context.start, 0
+    storage = Storage.of(config)
+    start, made, offset = context.start, 0, first[0]
     try:
         open_ahead = OPEN_AHEAD.get(parse, open_stream)
-        shards = _ahead(upstream, storage, offset, open_ahead, config)
+        shards = _ahead(upstream, storage, first, open_ahead, config)
         for shard, opened in shards:
-            offsets = record.open(made, start) if record is not None else None
+            offsets = record.open(made, start, shard, opened) if record is not None else None
             count = 0
             try:
                 for sample, nxt in parse(shard, opened, start, offset, config):
@@ -213,10 +294,13 @@ def _read(
                     if sample.__class__ is Failure:  # a sample that failed to decode
                         annotate(sample.error, name, context.epoch, index=sample.indices[0])
                     yield sample
-            except ShardReadError as e:
+            except Exception as e:  # a parser's own, or anything it did not foresee
+                error = e if isinstance(e, ShardReadError) else _unforeseen(e, shard, count)
                 count += 1
                 made += 1
-                yield Failure(e, [(shard.url, shard.start + start + count - 1)])
+                if record is not None:  # the shard is done once its error is out
+                    record.close(count)
+                yield Failure(error, [(shard.url, shard.start + start + count - 1)])
             if record is not None:
                 record.close(count)
             start, offset = 0, None
@@ -224,22 +308,43 @@ def _read(
         storage.close()
 
 
+def _unforeseen(error: Exception, shard: Shard, count: int) -> ShardReadError:
+    """A parser's unforeseen failure as the shard's one error: the pass goes on."""
+    out = ShardReadError(
+        f"shard {shard.url!r} could not be read after {count} of its samples were delivered "
+        f"({type(error).__name__}: {error})"
+    )
+    out.__cause__ = error
+    return out
+
+
 class Opened:
     """A shard as its parser gets it: :meth:`stream` gives its bytes from byte *at* (already
     on their way, for a remote shard opened ahead); *storage* opens anything else (a Parquet
     file's footer and row groups)."""
 
-    __slots__ = ("at", "early", "storage")
+    __slots__ = ("at", "early", "known", "opened", "storage")
 
-    def __init__(self, storage: Storage, at: int, early: Any = None) -> None:
+    def __init__(
+        self, storage: Storage, at: int, early: Any = None, known: dict[str, Any] | None = None
+    ) -> None:
         self.storage, self.at, self.early = storage, at, early
+        self.known = known  # the shard's fingerprint, when a parser or a state tells it
+        self.opened: Stream | None = None
 
     def stream(self, url: str) -> Stream:
         """The shard's bytes from byte ``at`` (raises :class:`ShardReadError`)."""
         early, self.early = self.early, None
         if isinstance(early, BaseException):
             raise early
-        return early if early is not None else self.storage.open(url, self.at)
+        self.opened = early if early is not None else self.storage.open(url, self.at)
+        return self.opened
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The shard's :func:`~pipeflow.readers._bytes.fingerprint_of`, once known."""
+        if self.known is None and self.opened is not None:
+            self.known = self.opened.fingerprint
+        return self.known
 
     def close(self) -> None:
         """Release what was opened ahead and not read."""
@@ -263,7 +368,7 @@ OPEN_AHEAD: dict[Any, Callable[..., Any]] = {}
 def _ahead(
     upstream: Iterable[Any],
     storage: Storage,
-    offset: int | None,
+    first_at: tuple[int | None, dict[str, Any] | None],
     open_ahead: Callable[..., Any],
     config: dict[str, Any],
 ) -> Iterator[tuple[Shard, Opened]]:
@@ -272,12 +377,14 @@ def _ahead(
     is parsed."""
     pending: deque[tuple[Shard, Opened]] = deque()
     first, prefetch = True, config["prefetch"]
+    offset, known = first_at
     try:
         for item in upstream:
             shard = as_shard(item)
             at = (offset or 0) if first else 0
+            # A resumed shard opened inside is the version its state names (checked at load).
+            opened = Opened(storage, at, known=known if first and at else None)
             first = False
-            opened = Opened(storage, at)
             if prefetch:
                 try:
                     opened.early = open_ahead(storage, shard, at, config)
