@@ -47,6 +47,15 @@ def test_s3_every_sample_once_with_workers_and_an_exact_resume(tmp_path: Any) ->
         resumed = make()
         resumed.load_state_dict(state)
         assert head + [ident(s) for s in resumed] == full
+        # the shards regenerated under the same names: the state is refused, naming one
+        os.mkdir(tmp_path / "other")
+        others = write_shards(str(tmp_path / "other"), [s + 1 for s in sizes])
+        for p in others:
+            fs.put(p, f"data/{os.path.basename(p)}")
+        with pytest.raises(ValueError, match=r"shard 's3://data/shard-000\d.tar' changed"):
+            make().load_state_dict(state)
+        for p in paths:
+            fs.put(p, f"data/{os.path.basename(p)}")
         # a shard that disappears after it was listed: an error naming it, the rest read
         listed, dropping = make(), make() | pf.ignore_errors()  # listed before the rm
         fs.rm("data/shard-0002.tar")

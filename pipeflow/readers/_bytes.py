@@ -39,22 +39,30 @@ HEAD = 64 << 10
 
 def fingerprint_of(size: int, head: bytes) -> dict[str, Any]:
     """What tells one version of a shard from another: its size in bytes and a digest of its
-    first :data:`HEAD` bytes (JSON-ready; a state keeps it for the shard it stopped in).
+    first bytes, as many as were at hand when it was read (its first block, at most
+    :data:`HEAD`; ``"span"`` says how many, and a state's check at load reads as many).
+    JSON-ready: a state keeps it for the shard it stopped in.
 
     Examples:
         >>> fingerprint_of(5, b"hello")
-        {'bytes': 5, 'head': 'a7b6eda801e5347d'}
+        {'bytes': 5, 'head': 'a7b6eda801e5347d', 'span': 5}
     """
-    return {"bytes": size, "head": hashlib.blake2b(head[:HEAD], digest_size=8).hexdigest()}
+    head = head[:HEAD]
+    digest = hashlib.blake2b(head, digest_size=8).hexdigest()
+    return {"bytes": size, "head": digest, "span": len(head)}
 
 
 class Stream:
     """A shard's bytes from an offset on: what a parser reads. ``fingerprint`` is the
-    shard's :func:`fingerprint_of` once known: for a stream opened at byte 0, once its first
-    block is in (a local file's at once)."""
+    shard's :func:`fingerprint_of` once known, for a stream opened at byte 0 (a local file's
+    at once; a remote one's once its first bytes are in): :meth:`version` tells it."""
 
     pos: int
     fingerprint: dict[str, Any] | None = None
+
+    def version(self) -> dict[str, Any] | None:
+        """The shard's fingerprint, or ``None`` while it is not known."""
+        return self.fingerprint
 
     def read(self, n: int) -> bytes:
         """Up to *n* bytes (fewer only at the end of the shard)."""

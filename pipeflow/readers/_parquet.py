@@ -121,7 +121,9 @@ def _footer(handle: Any) -> tuple[int, bytes]:
     return size, footer
 
 
-def parquet_version(storage: Storage, url: str, config: dict[str, Any]) -> dict[str, Any]:
+def parquet_version(
+    storage: Storage, url: str, config: dict[str, Any], saved: dict[str, Any]
+) -> dict[str, Any]:
     """*url*'s version as :func:`_open` tells it (the footer read, no row group)."""
     return _open(url, storage)[1]
 

@@ -89,6 +89,7 @@ class ReadRecord:
         "offset",
         "offsets",
         "skipped",
+        "spans",
     )
 
     def __init__(
@@ -104,6 +105,7 @@ class ReadRecord:
         # Per shard, what names it and tells its version (see _fingerprint): its number in
         # the source's list, its size and head digest (-1: not known), a plain name's URL.
         self.numbers, self.bytes, self.heads = array("q"), array("q"), array("q")
+        self.spans = array("q")
         self.named: dict[int, str] = {}
         self.current: Opened | None = None
 
@@ -117,6 +119,7 @@ class ReadRecord:
         self.numbers.append(shard.number)
         self.bytes.append(-1)
         self.heads.append(0)
+        self.spans.append(0)
         if shard.number < 0:
             self.named[self.inputs] = shard.url
         self.current = opened
@@ -139,6 +142,7 @@ class ReadRecord:
             if known is not None:
                 self.bytes[-1] = known["bytes"]
                 self.heads[-1] = int.from_bytes(bytes.fromhex(known["head"]), "big", signed=True)
+                self.spans[-1] = known.get("span", 0)
         if self.ends and self.ends[-1] >= 0:
             self.current = None
 
@@ -151,7 +155,7 @@ class ReadRecord:
         head = self.heads[j].to_bytes(8, "big", signed=True).hex()
         number = self.numbers[j]
         named = {"number": number} if number >= 0 else {"url": self.named.get(j, "")}
-        return {**named, "bytes": self.bytes[j], "head": head}
+        return {**named, "bytes": self.bytes[j], "head": head, "span": self.spans[j]}
 
     def after(self, consumed: int) -> dict[str, Any]:
         """Where the reader stands once the consumer took *consumed* of this pass's outputs."""
@@ -343,7 +347,7 @@ class Opened:
     def fingerprint(self) -> dict[str, Any] | None:
         """The shard's :func:`~pipeflow.readers._bytes.fingerprint_of`, once known."""
         if self.known is None and self.opened is not None:
-            self.known = self.opened.fingerprint
+            self.known = self.opened.version()
         return self.known
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ class _Blocks(Stream):
         """Move to the next block; False at the end of the shard."""
         if self.futures is None:
             self.size, self.futures = self.storage.wait(self.head, self.url, self.offset)
-            if self.offset == 0:
+            if self.offset == 0:  # the shard's version: its size, and its first block's head
                 first = self.storage.wait(self.futures[0], self.url, 0) if self.futures else b""
                 self.fingerprint = fingerprint_of(self.size, first)
         i, block = self.next_block, self.storage.block_size
@@ -205,6 +205,13 @@ class Storage:
         """The shard's size in bytes, asked now."""
         size: int = self._blocking(self._size, url, at=0)
         return size
+
+    def version(self, url: str, span: int) -> dict[str, Any]:
+        """The shard's :func:`~pipeflow.readers._bytes.fingerprint_of` as it is now, over its
+        first *span* bytes: two small requests (a state's check at load reads no more)."""
+        size = self.size(url)
+        head = self.read_range(url, 0, min(size, span)) if size and span else b""
+        return fingerprint_of(size, head)
 
     def read_range(self, url: str, start: int, end: int) -> bytes:
         """The shard's bytes from *start* to *end*, read now (the shard was found)."""

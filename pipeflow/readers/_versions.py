@@ -3,9 +3,10 @@
 A state that stops inside a shard (``{"inputs": n, "start": m, "offset": o}``) means "the
 samples of this shard after its *m*-th": true only of the shard as it was. So the record
 also names the shard and its version, ``"shard": {"number": 3, "bytes": 81920, "head":
-"9c0e…"}``: its number in :func:`~pipeflow.shards`'s list (or ``"url"`` for a plain name), its
-size, and a digest of its first bytes (:func:`~pipeflow.readers._bytes.fingerprint_of`, taken
-as the shard is read: nothing more is fetched for it). ``load_state_dict`` looks at the shard
+"9c0e…", "span": 65536}``: its number in :func:`~pipeflow.shards`'s list (or ``"url"`` for a
+plain name), its size, and a digest of its first ``span`` bytes
+(:func:`~pipeflow.readers._bytes.fingerprint_of`, taken as the shard is read: nothing more is
+fetched for it; a Parquet file's is its footer's). ``load_state_dict`` looks at the shard
 again and refuses the state by name when it changed or is gone, instead of seeking into
 another file and yielding whatever lies there. The shard is found by its number, so the
 same shards moved to another folder or bucket resume.
@@ -13,10 +14,12 @@ same shards moved to another folder or bucket resume.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from pipeflow.errors import ShardReadError
+from pipeflow.readers._bytes import HEAD, fingerprint_of, is_local, local_path
 from pipeflow.readers._storage import Storage
 from pipeflow.state import integer
 
@@ -29,12 +32,14 @@ def check_fingerprint(shard: Any, where: str) -> None:
         msg = f"load_state_dict: {where} must be a dict (got {type(shard).__name__})"
         raise ValueError(msg)
     named = {"number", "url"} & set(shard)
-    if len(named) != 1 or set(shard) - {"number", "url", "bytes", "head"}:
+    if len(named) != 1 or set(shard) - {"number", "url", "bytes", "head", "span"}:
         msg = (
-            f"load_state_dict: {where} must hold 'number' or 'url', 'bytes' and 'head' "
-            f"(got {sorted(shard)})"
+            f"load_state_dict: {where} must hold 'number' or 'url', 'bytes', 'head' and "
+            f"'span' (got {sorted(shard)})"
         )
         raise ValueError(msg)
+    if "span" in shard:
+        integer(shard["span"], f"{where}['span']", 0, HEAD)
     if "number" in shard:
         integer(shard["number"], f"{where}['number']")
     elif not isinstance(shard["url"], str):
@@ -54,25 +59,37 @@ def _is_hex(text: str) -> bool:
     return True
 
 
-def _stream_version(storage: Storage, url: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """A byte-stream shard's fingerprint: its first block read, as a reader reads it."""
-    stream = storage.open(url, 0)
+def _stream_version(
+    storage: Storage, url: str, config: dict[str, Any], saved: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A byte-stream shard's fingerprint over as many first bytes as *saved*'s (``"span"``):
+    a local file's, or a remote one's from two small requests (no whole block)."""
+    span = saved.get("span", HEAD)
+    if not is_local(url):
+        return storage.version(url, span)
     try:
-        stream.read(1)
-        return stream.fingerprint
-    finally:
-        stream.close()
+        with open(local_path(url), "rb") as f:
+            size = f.seek(0, 2)
+            return fingerprint_of(size, os.pread(f.fileno(), span, 0))
+    except FileNotFoundError as e:
+        raise ShardReadError(f"shard {url!r} does not exist") from e
 
 
-#: How a format tells a shard's version, by its parser (byte streams by default).
-VERSIONS: dict[Any, Callable[[Storage, str, dict[str, Any]], dict[str, Any] | None]] = {}
+#: How a format tells a shard's version, by its parser (byte streams by default): a
+#: function of the storage, the shard, the reader's configuration and the version saved.
+Version = Callable[[Storage, str, dict[str, Any], dict[str, Any]], "dict[str, Any] | None"]
+VERSIONS: dict[Any, Version] = {}
 
 
-def current_version(parse: Any, url: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The fingerprint of *url* as it is now (raises :class:`ShardReadError`)."""
+def current_version(
+    parse: Any, url: str, config: dict[str, Any], saved: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The fingerprint of *url* as it is now, told as *saved* was (raises
+    :class:`ShardReadError`)."""
     storage = Storage.of(config)
     try:
-        return VERSIONS.get(parse, _stream_version)(storage, url, config)
+        version: Version = VERSIONS.get(parse, _stream_version)
+        return version(storage, url, config, saved)
     finally:
         storage.close()
 
@@ -82,7 +99,7 @@ def verify_shard(
 ) -> None:
     """Refuse the state *saved* comes from when *url* is not the version it names."""
     try:
-        now = current_version(parse, url, config)
+        now = current_version(parse, url, config, saved)
     except ShardReadError as e:
         msg = (
             f"load_state_dict: {where}: the state stopped after sample {start} of shard "
@@ -90,7 +107,7 @@ def verify_shard(
         )
         raise ValueError(msg) from e
     was = {"bytes": saved["bytes"], "head": saved["head"]}
-    if now is not None and now != was:
+    if now is not None and {"bytes": now["bytes"], "head": now["head"]} != was:
         msg = (
             f"load_state_dict: shard {url!r} changed since the state was taken "
             f"({was['bytes']} bytes, head #{was['head']} then; {now['bytes']} bytes, head "
