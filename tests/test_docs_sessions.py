@@ -1,0 +1,242 @@
+"""Every ``>>>`` session in the documentation can be typed at Python's interactive prompt.
+
+doctest (which ``tests/test_docs.py`` runs the sessions with) reads an example as a whole, so
+it accepts a session the real prompt refuses. At the prompt a compound statement (``for``,
+``def``, ``with``, ``if``, ``class``, ``try``...) stays open until an empty ``...`` line ends
+it: a session that goes from an indented ``...`` line straight to the next ``>>>`` is a
+``SyntaxError`` for a reader who types it, and so is an empty ``...`` line in the middle of a
+class body (the prompt ends the class there). A real session looks like this::
+
+    >>> for word in ["to", "be"]:
+    ...     print(word)
+    ...
+    to
+    be
+    >>> word
+    'be'
+
+Here each session is fed line by line to :class:`code.InteractiveConsole`, as a person typing
+it would: the ``>>> `` and ``... `` prompts stripped, an empty ``...`` line as an empty line,
+the output lines not typed. The console only compiles: nothing runs here (``test_docs.py``
+runs the examples). A session fails when a line is a syntax error, when output is shown while
+the prompt still waits for the rest of a block (no output comes before the empty ``...``),
+or when it ends inside an unfinished block.
+
+The sessions are the blocks that ``test_docs.py`` takes for doctests, read with its helpers.
+"""
+
+from __future__ import annotations
+
+import code
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_docs import PAGES, is_doctest, page_id, parse_blocks
+
+SESSION_TAGS = {"python", "pycon"}  # test_docs.py refuses pycon; a session is one all the same
+
+# Pages whose sessions a reader can't type at the prompt today, kept here so that the suite
+# passes while they wait for their owners, with the lines (as of this list) that the prompt
+# refuses: most need an empty "..." line before them, to end the block above. strict: a page
+# fixed must leave this list (its test then passes, and an XPASS fails the run).
+EXPECTED_FAILURES = {
+    "concepts/caveats.md": "40, 65, 246, 249",
+    "concepts/design.md": "94, 146, 671, 682",
+    "howto/bad-samples.md": "378, 626",
+    "howto/custom-stage.md": "43, 104, 117",
+    "howto/errors.md": "164 (output before the block's end), 187",
+    "howto/reproducibility.md": "97, 100, 118",
+    "howto/resume.md": "77",
+    "howto/torchrun.md": "223",
+}
+
+
+@dataclass
+class Session:
+    path: Path
+    lineno: int  # line of the session's first line in the Markdown file (1-based)
+    lines: list[str]
+
+
+def sessions_of(path: Path) -> list[Session]:
+    return [
+        Session(path, block.lineno, block.text.splitlines())
+        for block in parse_blocks(path)
+        if block.lang in SESSION_TAGS and is_doctest(block)
+    ]
+
+
+class _Typist(code.InteractiveConsole):
+    """A console that compiles what is typed but runs nothing, and records syntax errors
+    instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(filename="<stdin>")
+        self.syntax_errors: list[BaseException] = []
+
+    def runcode(self, code: object) -> None:
+        pass  # test_docs.py runs the examples; here only what the prompt accepts matters
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: object) -> None:
+        error = sys.exc_info()[1]
+        assert error is not None
+        self.syntax_errors.append(error)
+
+
+def _prompted(line: str, prompt: str) -> bool:
+    return line == prompt or line.startswith(prompt + " ")
+
+
+def problems(lines: list[str], first: int = 1) -> list[str]:
+    """What goes wrong when *lines* (a session) are typed at the prompt, one message per
+    problem, naming the line (*first* is the number of the session's first line)."""
+    console = _Typist()
+    found: list[str] = []
+    waiting = False  # the prompt shows "... ": the statement typed so far is not complete
+    in_code = False  # the line before was typed (a "..." line continues it; else it's output)
+    broken = False  # the statement being typed was refused: its other lines would be too
+    for k, line in enumerate(lines):
+        where = f"line {first + k}"
+        typed = _prompted(line, ">>>") or (in_code and _prompted(line, "..."))
+        if broken and typed and not _prompted(line, ">>>"):
+            continue  # one message per refused statement
+        broken = False
+        if not typed:
+            in_code = False
+            if waiting:
+                found.append(
+                    f"{where}: output shown while the prompt still waits for the end of a block "
+                    f"(an empty '...' line must end it first): {line!r}"
+                )
+                console.resetbuffer()
+                waiting = False
+            continue
+        # A ">>>" line while a block is open is taken as part of the block, as at the prompt:
+        # the console reports the syntax error.
+        errors = len(console.syntax_errors)
+        waiting = console.push(line[4:])
+        in_code = True
+        if len(console.syntax_errors) > errors:
+            error = console.syntax_errors[-1]
+            found.append(f"{where}: {type(error).__name__}: {error} ({line!r})")
+            waiting = False  # the console dropped what it held, as the prompt does
+            broken = True
+    if waiting:
+        found.append(
+            f"line {first + len(lines) - 1}: the session ends inside an unfinished block "
+            "(end it with an empty '...' line)"
+        )
+    return found
+
+
+def page_problems(path: Path) -> list[str]:
+    where = page_id(path)
+    return [
+        f"{where}:{problem.removeprefix('line ')}"
+        for session in sessions_of(path)
+        for problem in problems(session.lines, session.lineno)
+    ]
+
+
+def _cases() -> list[pytest.ParameterSet]:
+    cases = []
+    for path in PAGES:
+        if not sessions_of(path):
+            continue
+        marks = []
+        if page_id(path) in EXPECTED_FAILURES:
+            reason = f"not typeable yet, lines {EXPECTED_FAILURES[page_id(path)]}"
+            marks.append(pytest.mark.xfail(reason=reason, strict=True))
+        cases.append(pytest.param(path, id=page_id(path), marks=marks))
+    return cases
+
+
+def test_there_are_sessions() -> None:
+    assert sum(len(sessions_of(path)) for path in PAGES) > 50
+
+
+def test_the_expected_failures_name_pages_with_sessions() -> None:
+    with_sessions = {page_id(path) for path in PAGES if sessions_of(path)}
+    assert set(EXPECTED_FAILURES) <= with_sessions
+
+
+@pytest.mark.parametrize("path", _cases())
+def test_sessions_can_be_typed_at_the_prompt(path: Path) -> None:
+    found = page_problems(path)
+    if found:
+        pytest.fail("typed at the >>> prompt:\n" + "\n".join(found), pytrace=False)
+
+
+# -- the checker itself -----------------------------------------------------------------------
+
+GOOD = {
+    "simple statements": [">>> x = 1", ">>> x", "1"],
+    "a loop ended by an empty ...": [
+        ">>> for i in range(2):",
+        "...     print(i)",
+        "...",
+        "0",
+        "1",
+        ">>> i",
+        "1",
+    ],
+    "a function, then a call": [
+        ">>> def f():",
+        "...     return 1",
+        "...",
+        ">>> f()",
+        "1",
+    ],
+    "an expression over several lines": [">>> (1 +", "...  2)", "3"],
+    "a traceback with ... in it": [
+        ">>> 1 / 0",
+        "Traceback (most recent call last):",
+        "  ...",
+        "ZeroDivisionError: division by zero",
+    ],
+    "output with a line that starts with ...": [
+        r">>> print('first\n... and so on')",
+        "first",
+        "... and so on",
+    ],
+    "an empty prompt": [">>>", ">>> 1", "1"],
+}
+
+BAD = {
+    "a >>> right after a block": [">>> def f():", "...     return 1", ">>> f()", "1"],
+    "a session that ends in a block": [">>> def f():", "...     return 1"],
+    "output before the block ends": [">>> for i in range(1):", "...     print(i)", "0"],
+    "an empty ... inside a class": [
+        ">>> class A:",
+        "...     def f(self):",
+        "...         return 1",
+        "...",
+        "...     def g(self):",
+        "...         return 2",
+        "...",
+    ],
+    "a syntax error": [">>> x = = 1"],
+}
+
+
+@pytest.mark.parametrize("lines", GOOD.values(), ids=GOOD.keys())
+def test_the_checker_passes(lines: list[str]) -> None:
+    assert problems(lines) == []
+
+
+@pytest.mark.parametrize("lines", BAD.values(), ids=BAD.keys())
+def test_the_checker_fails(lines: list[str]) -> None:
+    assert problems(lines)
+
+
+def test_the_checker_names_the_line() -> None:
+    lines = [">>> def f():", "...     return 1", ">>> f()", "1"]
+    (problem,) = problems(lines, first=10)
+    assert problem.startswith("line 12: SyntaxError")
+
+
+def test_the_checker_runs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert problems([">>> print('ran')", "ran"]) == []
+    assert capsys.readouterr().out == ""
