@@ -41,16 +41,7 @@ SESSION_TAGS = {"python", "pycon"}  # test_docs.py refuses pycon; a session is o
 # passes while they wait for their owners, with the lines (as of this list) that the prompt
 # refuses: most need an empty "..." line before them, to end the block above. strict: a page
 # fixed must leave this list (its test then passes, and an XPASS fails the run).
-EXPECTED_FAILURES = {
-    "concepts/caveats.md": "40, 65, 246, 249",
-    "concepts/design.md": "94, 146, 671, 682",
-    "howto/bad-samples.md": "378, 626",
-    "howto/custom-stage.md": "43, 104, 117",
-    "howto/errors.md": "164 (output before the block's end), 187",
-    "howto/reproducibility.md": "97, 100, 118",
-    "howto/resume.md": "77",
-    "howto/torchrun.md": "223",
-}
+EXPECTED_FAILURES: dict[str, str] = {}
 
 
 @dataclass
