@@ -87,7 +87,13 @@ def _mp_helper(pid: str) -> bool:
     return b"forkserver" in cmd or b"resource_tracker" in cmd
 
 
-def shm_entries(prefix: str = "pipeflow-") -> set[str]:
+def shm_entries(prefix: str | tuple[str, ...] | None = None) -> set[str]:
+    """This process's /dev/shm segments: its pools' (``pipeflow-<pid>-``, also in its
+    workers) and the test ``Link``'s (``pipeflow-test-<pid>-``); with *prefix*, those
+    starting with it. Not every ``pipeflow-`` file: another program's (a test run beside
+    this one) come and go, and would read as this test's leaks."""
+    if prefix is None:
+        prefix = (f"pipeflow-{os.getpid()}-", f"pipeflow-test-{os.getpid()}-")
     try:
         return {n for n in os.listdir(SHM) if n.startswith(prefix)}
     except OSError:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import time
+from typing import Any
 
 import pytest
 
@@ -48,38 +50,46 @@ def test_near_the_limit_the_goal_is_five_percent_of_it(monkeypatch) -> None:
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
-    """A process's state letter and parent, or None once it is gone."""
+    """A process's state letter and session, or None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            state, _ppid, _pgrp, session = f.read().rsplit(")", 1)[1].split()[:4]
     except (OSError, ValueError):
         return None
-    return state, int(ppid)
+    return state, int(session)
 
 
-def _pids() -> set[int]:
-    return set(map(int, filter(str.isdigit, os.listdir("/proc"))))
+def _running_in(session: int) -> set[int]:
+    """The processes of *session* still running (not zombies)."""
+    running = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        st = _stat(int(entry))
+        if st is not None and st[0] != "Z" and st[1] == session:
+            running.add(int(entry))
+    return running
 
 
-def test_the_first_batch_child_times_a_spawn_loader_and_leaves_nothing() -> None:
-    before = _pids()
+def test_the_first_batch_child_times_a_spawn_loader_and_leaves_nothing(monkeypatch) -> None:
+    children: list[int] = []
+    popen = subprocess.Popen
+
+    def recorded(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+        proc = popen(*args, **kwargs)
+        children.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", recorded)
     seconds = peers_first.measure("pipeflow", "numpy", timeout=120)
     assert 0 < seconds < 120
-    # the child, its warm server and its workers are killed with the child's session: what is
-    # left are zombies for init to reap, none still running (a process of this test's own,
-    # ppid this process, or an orphan, ppid 1) once a killed process has had RELIABILITY.md's
-    # 2 s to finish dying (one orphan was once seen still 'R' at once)
+    (child,) = children
+    # the child leads a session of its own, and its warm server and its workers are in it (an
+    # orphan too, its parent now init): the session is killed, and none of it may still run
+    # once a killed process has had RELIABILITY.md's 2 s to finish dying (one orphan was once
+    # seen still 'R' at once). Only this session: other programs' processes come and go.
     deadline = time.monotonic() + 2.0
-    while (running := _running(_pids() - before)) and time.monotonic() < deadline:
+    while (running := _running_in(child)) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not running, running
-
-
-def _running(pids: set[int]) -> dict[int, tuple[str, int]]:
-    stats = {pid: _stat(pid) for pid in pids}
-    return {
-        pid: st for pid, st in stats.items() if st and st[0] != "Z" and st[1] in (1, os.getpid())
-    }
 
 
 def test_a_child_that_fails_says_why() -> None:

@@ -24,14 +24,56 @@ import pipeflow as pf
 from pipeflow import _alloc
 from pipeflow.parallel import _kept, _segments
 from pipeflow.parallel._shm import Reader, Writer
+from tests.conftest import children
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
 
 
-def shm_used() -> int:
-    """Bytes of /dev/shm in use (unlinked files count until their last mapping goes)."""
-    st_ = os.statvfs(_segments.SHM_DIR)
-    return (st_.f_blocks - st_.f_bfree) * st_.f_frsize
+def own_shm() -> dict[int, int]:
+    """The /dev/shm files this process's pools hold, inode -> bytes: their segment files
+    still there, and the unlinked ones that a mapping or a file descriptor of this process or
+    of one of its children (the workers) keeps alive. Not ``statvfs``: that counts every
+    program's files, and another one's use would fail the test."""
+    prefix = os.path.join(_segments.SHM_DIR, f"pipeflow-{os.getpid()}-")  # segment_prefix's
+    held: dict[int, int] = {}
+
+    def hold(inode: int, nbytes: int) -> None:
+        held[inode] = max(held.get(inode, 0), nbytes)
+
+    for entry in os.scandir(_segments.SHM_DIR):
+        if entry.path.startswith(prefix):
+            with contextlib.suppress(OSError):  # unlinked meanwhile: counted below if kept
+                hold(entry.inode(), entry.stat().st_size)
+    for pid in {os.getpid(), *children()}:
+        with contextlib.suppress(OSError):  # a worker that has just exited
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = f"/proc/{pid}/fd/{fd}"
+                with contextlib.suppress(OSError):
+                    if os.readlink(link).startswith(prefix):
+                        st_ = os.stat(link)
+                        hold(st_.st_ino, st_.st_size)
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    span, _, _, _, inode, *path = line.split()
+                    if path and path[0].startswith(prefix):
+                        start, end = (int(a, 16) for a in span.split("-"))
+                        hold(int(inode), end - start)
+    return held
+
+
+def own_shm_bytes(besides: set[int]) -> int:
+    """Bytes of :func:`own_shm`, but for the files *besides* (say, a dead process's that
+    had this pid: there before the test)."""
+    return sum(n for inode, n in own_shm().items() if inode not in besides)
+
+
+def own_shm_left(besides: set[int], within: float = 2.0) -> int:
+    """:func:`own_shm_bytes` once it is 0, or after *within* seconds (RELIABILITY.md's bound
+    for workers to stop), what is still held."""
+    deadline = time.monotonic() + within
+    while (left := own_shm_bytes(besides)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
 
 
 class Link:
@@ -142,7 +184,7 @@ def test_held_batches_stay_intact_across_epochs_and_memory_returns(method, no_le
     """Real workers: a consumer that keeps some batches (across epochs) sees them unchanged
     while later batches reuse the freed segments; closing frees every page of /dev/shm."""
     gc.collect()
-    before = shm_used()
+    before = set(own_shm())
     n, size = 40, 3
     loader = (
         pf.indices(n)
@@ -165,10 +207,13 @@ def test_held_batches_stay_intact_across_epochs_and_memory_returns(method, no_le
     for k, batch in held:
         expect = np.arange(k * size, min(n, (k + 1) * size), dtype=np.float32)
         assert (batch == expect[:, None]).all(), f"held batch {k} changed"
+    in_segments = sum(b.nbytes for _, b in held if b.nbytes >= _segments.INLINE_LIMIT)
+    assert own_shm_bytes(before) >= in_segments > 0  # the measure sees the batches held
     loader.close()
     del held, batch
     gc.collect()
-    assert shm_used() - before < 1 << 20
+    left = own_shm_left(before)
+    assert left == 0, f"{left:,} bytes of /dev/shm still held after close"
 
 
 class Wide:
