@@ -11,33 +11,52 @@ The same tar shards (WebDataset layout: each sample a 3x32x32 ``uint8`` ``.npy``
 
 Rows, each a median of repetitions that alternate which loader goes first:
 
-1. samples/s on local shards;
-2. samples/s from an S3-compatible server (moto, on 127.0.0.1) behind a proxy that adds 20 ms
+1. the store's own latency, first, so that a reader sees the store is honest: the median of
+   50 GETs of a 1 KB object through it, over one kept-alive connection (as s3fs, pipeflow's
+   client, reaches it) and over a new connection each (as ``curl``, WebDataset's, does),
+   against the 20 ms it declares;
+2. samples/s on local shards;
+3. samples/s from an S3-compatible server (moto, on 127.0.0.1) behind a proxy that adds 20 ms
    to every request before forwarding it: pipeflow through s3fs (``s3://`` URLs), WebDataset
-   through its own ``http://`` opener (``curl``, one GET per shard) on presigned URLs;
-3. resuming at 90% of an epoch from that store: the bytes the store served from the resume to
+   through its own ``http://`` opener (``curl``, one GET per shard) on presigned URLs. The
+   proxy adds those 20 ms and nothing else: ``TCP_NODELAY`` on its sockets (accepted and to
+   moto), each reply's headers and body in one write, and a listen backlog of 128. Without
+   the first two, a kept-alive GET of a reply smaller than a loopback segment (64 KB: the
+   1 KB object, a 10-sample shard) waits on Nagle's algorithm and delayed ACKs, about 44 ms
+   more, which a new connection per request, as ``curl``'s, escapes; with socketserver's
+   backlog of 5, a burst of new connections (fresh workers opening theirs at once, as
+   pipeflow's do at each pass) overflows it, and each connection dropped waits a second for
+   its SYN to be sent again. Both favoured WebDataset. Each rate's note says, per loader,
+   the requests per shard and the mean number of requests in flight;
+4. resuming at 90% of an epoch from that store: the bytes the store served from the resume to
    the first batch, as a fraction of an epoch's bytes (WebDataset cannot resume: a fresh
    loader iterates the consumed 90% again), and the time to the first batch;
-4. peak memory one local epoch adds (PSS of the main process and its workers).
+5. peak memory one local epoch adds (PSS of the main process and its workers).
 
-Run: ``python -m benchmarks.shards [--quick]`` (needs ``pip install "pipeflow[bench,stream]"``
-and ``moto[server]``, in the ``dev`` extra).
+Run: ``python -m benchmarks.shards [--quick] [--nagle]`` (needs ``pip install
+"pipeflow[bench,stream]"`` and ``moto[server]``, in the ``dev`` extra). ``--nagle`` first prints
+the store's rows with the store as it was before (headers and body written apart, no
+``TCP_NODELAY``, a listen backlog of 5), then the whole table with the store as it is: before
+and after in one run.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import http.server
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -46,11 +65,17 @@ import numpy as np
 import torch.utils.data as tud
 
 import pipeflow as pf
-from benchmarks._harness import Row, cli, compare, count, median
+from benchmarks._harness import Row, compare, count, median, table
 
 WORKERS = 2
 BATCH = 64
 LATENCY = 0.020  # seconds added to every request to the store
+NAGLE = (
+    "the store as it was before: headers and body written apart, no TCP_NODELAY, "
+    "a listen backlog of 5"
+)
+BACKLOG = 128  # connections the store's proxy queues before accepting them (moto's too)
+SMALL = 1024  # bytes of the object whose GETs measure the store's latency
 
 
 # -- the data ----------------------------------------------------------------------------------
@@ -96,13 +121,35 @@ def webdataset_loader(urls: list[str]) -> tud.DataLoader[Any]:
 
 
 # -- the store: moto's S3, 20 ms away ----------------------------------------------------------
+class _Upstream(http.client.HTTPConnection):
+    """A connection to moto with ``TCP_NODELAY`` set (unless the store is the old one)."""
+
+    nagle = False
+
+    def connect(self) -> None:
+        super().connect()
+        if not self.nagle:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class _Delay(http.server.BaseHTTPRequestHandler):
     """Forwards each request to the store after :data:`LATENCY`, counting the bytes of the
-    bodies it returns; ``GET /__served__`` answers that count at once."""
+    bodies it returns, the requests, and the seconds they spent in the proxy (their sum over
+    a span of time is the mean number in flight); ``GET /__served__`` answers those counts at
+    once.
+
+    It adds :data:`LATENCY` and nothing more: ``TCP_NODELAY`` on the sockets it accepts (the
+    stdlib's ``disable_nagle_algorithm``) and on those to moto, and a reply's status line,
+    headers and body in one write (and, in :func:`serve`, a listen backlog of
+    :data:`BACKLOG`). With :attr:`nagle` (:data:`NAGLE`) it is the proxy as it was: headers
+    and body in two writes, Nagle's algorithm on, socketserver's backlog of 5."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    nagle: ClassVar[bool] = False
     target: ClassVar[tuple[str, int]] = ("127.0.0.1", 0)
-    served: ClassVar[list[int]] = [0, 0]  # bytes, requests
+    served: ClassVar[list[float]] = [0, 0, 0.0]  # bytes, requests, seconds in the proxy
+    lock = threading.Lock()
     local = threading.local()
 
     def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes, size: str) -> None:
@@ -111,24 +158,33 @@ class _Delay(http.server.BaseHTTPRequestHandler):
             if k.lower() not in ("connection", "transfer-encoding", "content-length"):
                 self.send_header(k, v)
         self.send_header("Content-Length", size)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-            self.served[0] += len(data)
+        body = data if self.command != "HEAD" else b""
+        if self.nagle:
+            self.end_headers()
+            if body:
+                self.wfile.write(body)
+        else:  # one write: the status line and headers (buffered by send_header), the body
+            self._headers_buffer.append(b"\r\n" + body)  # what end_headers appends, and more
+            self.flush_headers()
+        with self.lock:
+            self.served[0] += len(body)
 
     def _forward(self) -> None:
         if self.path == "/__served__":
-            data = f"{self.served[0]} {self.served[1]}".encode()
+            with self.lock:
+                data = " ".join(map(str, self.served)).encode()
             self._reply(200, [], data, str(len(data)))
-            self.served[0] -= len(data)
+            with self.lock:
+                self.served[0] -= len(data)
             return
+        start = time.perf_counter()
         time.sleep(LATENCY)
-        self.served[1] += 1
         size = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(size) if size else None
         conn = getattr(self.local, "conn", None)
         if conn is None:
-            conn = self.local.conn = http.client.HTTPConnection(*self.target)
+            conn = self.local.conn = _Upstream(*self.target)
+            conn.nagle = self.nagle
         headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
         conn.request(self.command, self.path, body, headers)
         reply = conn.getresponse()
@@ -137,6 +193,9 @@ class _Delay(http.server.BaseHTTPRequestHandler):
         if self.command == "HEAD":  # its Content-Length is the object's: pass it on
             length = reply.getheader("Content-Length", "0")
         self._reply(reply.status, reply.getheaders(), data, length)
+        with self.lock:
+            self.served[1] += 1
+            self.served[2] += time.perf_counter() - start
 
     def do_GET(self) -> None:
         self._forward()
@@ -148,12 +207,13 @@ class _Delay(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve(folder: str) -> None:
+def serve(folder: str, nagle: bool = False) -> None:
     """The store, run in a process of its own (so that serving does not take the
     benchmark's GIL): moto's S3 on the loopback holding the tar files of *folder* in the
-    bucket ``bench``, behind a proxy adding :data:`LATENCY` per request. Prints one JSON
-    line (the s3fs options, presigned http URLs of the shards, the proxy's URL), then serves
-    until its stdin closes."""
+    bucket ``bench`` (and a :data:`SMALL`-byte object, ``small``), behind a proxy adding
+    :data:`LATENCY` per request (*nagle*: the proxy as it was, :data:`NAGLE`). Prints one JSON
+    line (the s3fs options, presigned http URLs of the shards and of the small object, the
+    proxy's URL), then serves until its stdin closes."""
     import logging
 
     import s3fs
@@ -163,9 +223,24 @@ def serve(folder: str) -> None:
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
-    handler = type("Delay", (_Delay,), {"target": (host, port), "served": [0, 0]})
-    handler.local = threading.local()
-    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler = type(
+        "Delay",
+        (_Delay,),
+        {
+            "target": (host, port),
+            "served": [0, 0, 0.0],
+            "nagle": nagle,
+            "disable_nagle_algorithm": not nagle,
+            "lock": threading.Lock(),
+            "local": threading.local(),
+        },
+    )
+    server = type(
+        "Proxy",
+        (http.server.ThreadingHTTPServer,),
+        {"request_queue_size": 5 if nagle else BACKLOG},
+    )
+    proxy = server(("127.0.0.1", 0), handler)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{proxy.server_port}"
     options = {
@@ -181,36 +256,72 @@ def serve(folder: str) -> None:
     names = [f"bench/{n}" for n in sorted(os.listdir(folder)) if n.endswith(".tar")]
     for n in names:
         direct.put(os.path.join(folder, os.path.basename(n)), n)
+    direct.pipe("bench/small", bytes(SMALL))
     signer = s3fs.S3FileSystem(**options)  # URLs through the proxy, signed for an hour
     signed = [signer.url(n, expires=3600) for n in names]
-    print(json.dumps({"options": options, "signed": signed, "base": base}), flush=True)
+    small = signer.url("bench/small", expires=3600)
+    told = {"options": options, "signed": signed, "small": small, "base": base}
+    print(json.dumps(told), flush=True)
     sys.stdin.read()  # until the benchmark closes it, or dies
     os._exit(0)
 
 
 class Served:
-    """What the store's proxy at *base* has served so far: bytes of bodies, requests."""
+    """What the store's proxy at *base* has served so far: bytes of bodies, requests, and
+    the seconds requests spent in it; *small*: a presigned URL of a :data:`SMALL`-byte
+    object."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, small: str = "") -> None:
         self.base = base
+        self.small = small
 
-    def _counts(self) -> list[int]:
+    def counts(self) -> tuple[int, int, float]:
+        """``(bytes, requests, seconds in the proxy)`` so far."""
         with urllib.request.urlopen(self.base + "/__served__") as reply:
-            return [int(x) for x in reply.read().split()]
+            data, requests, seconds = reply.read().split()
+        return int(data), int(requests), float(seconds)
 
     def __call__(self) -> int:
-        return self._counts()[0]
+        return self.counts()[0]
 
     def requests(self) -> int:
-        return self._counts()[1]
+        return self.counts()[1]
+
+    def latency(self, n: int = 50, keep_alive: bool = True) -> float:
+        """Median seconds of *n* GETs of the small object through the store: over one
+        kept-alive connection (after one GET that opens it), or each over a new one."""
+        url = urllib.parse.urlsplit(self.small)
+        path = f"{url.path}?{url.query}"
+        opening = 1 if keep_alive else 0  # the GET that opens the kept-alive connection
+        times = []
+        conn = None
+        for _ in range(opening + n):
+            if conn is None:
+                conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port)
+            start = time.perf_counter()
+            conn.request("GET", path)
+            with conn.getresponse() as reply:
+                got = len(reply.read())
+            times.append(time.perf_counter() - start)
+            if reply.status != 200 or got != SMALL:
+                raise RuntimeError(f"the store answered {reply.status}, {got} bytes")
+            if not keep_alive:
+                conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+        return median(times[opening:])
 
 
 @contextlib.contextmanager
-def slow_store(folder: str) -> Iterator[tuple[dict[str, Any], list[str], Served]]:
+def slow_store(
+    folder: str, nagle: bool = False
+) -> Iterator[tuple[dict[str, Any], list[str], Served]]:
     """:func:`serve` in a subprocess: ``(s3fs options, presigned http URLs of the shards,
-    what it has served so far)``."""
+    what it has served so far)``; *nagle*: the store as it was (:data:`NAGLE`)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.shards", "--serve", folder],
+        [sys.executable, "-m", "benchmarks.shards", "--serve", folder]
+        + (["--nagle"] if nagle else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -220,7 +331,7 @@ def slow_store(folder: str) -> Iterator[tuple[dict[str, Any], list[str], Served]
         assert child.stdout is not None
         told = json.loads(child.stdout.readline())
 
-        served = Served(told["base"])
+        served = Served(told["base"], told["small"])
         yield told["options"], told["signed"], served
     finally:
         if child.stdin is not None:
@@ -232,16 +343,71 @@ def slow_store(folder: str) -> Iterator[tuple[dict[str, Any], list[str], Served]
             child.wait()
 
 
+class _Metered:
+    """A loader whose passes the store meters: the requests they made, and the seconds
+    those spent in the proxy and the passes took (their ratio: the mean in flight)."""
+
+    def __init__(self, loader: Any, served: Served) -> None:
+        self.loader, self.served = loader, served
+        self.requests, self.busy, self.wall, self.passes = 0, 0.0, 0.0, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        _, requests, busy = self.served.counts()
+        start = time.perf_counter()
+        yield from self.loader
+        self.wall += time.perf_counter() - start
+        _, now, then = self.served.counts()
+        self.requests, self.busy, self.passes = (
+            self.requests + now - requests,
+            self.busy + then - busy,
+            self.passes + 1,
+        )
+
+    def close(self) -> None:
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
+
+
 # -- the rows ----------------------------------------------------------------------------------
-def rate_row(name: str, make: dict[str, Callable[[], Any]], reps: int, target: str) -> Row:
+def rate_row(
+    name: str,
+    make: dict[str, Callable[[], Any]],
+    reps: int,
+    target: str,
+    served: Served | None = None,
+    shards: int = 0,
+) -> Row:
+    """Samples/s of each loader; from the store (*served*, holding *shards* shards), the
+    note says each loader's requests per shard and mean number of requests in flight."""
+    metered: dict[str, _Metered] = {}
+
+    def meter(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def made() -> Any:
+            assert served is not None
+            metered[name] = _Metered(fn(), served)
+            return metered[name]
+
+        return made
+
+    if served is not None:
+        make = {k: meter(k, fn) for k, fn in make.items()}
     rates = compare(make, reps)
+    note = "'torch' column: WebDataset through torch's DataLoader"
+    for k, who in (("pipeflow", "pipeflow"), ("torch", "WebDataset")):
+        m = metered.get(k)
+        if m is not None and m.passes and m.wall:
+            note += (
+                f"; {who}: {m.requests / (m.passes * shards):.2f} requests per shard, "
+                f"{m.busy / m.wall:.1f} in flight"
+            )
     return Row(
         name,
         "samples/s",
         median(rates["pipeflow"]),
         median(rates["torch"]),
         target,
-        note="'torch' column: WebDataset through torch's DataLoader",
+        note=note,
         samples=rates,
     )
 
@@ -375,49 +541,95 @@ def memory_row(make: dict[str, Callable[[], Any]], reps: int) -> Row:
     )
 
 
-def remote_rows(folder: str, paths: list[str], reps: int, name: str, resume: bool) -> list[Row]:
-    """The rate from the slow store holding *paths* (and the resume rows, if *resume*)."""
-    with slow_store(folder) as (options, signed, served):
+def latency_row(served: Served) -> Row:
+    """The store's latency: a kept-alive GET (s3fs's way) and a GET on a new connection
+    (``curl``'s), medians of 50, in ms."""
+    kept, fresh = served.latency(keep_alive=True) * 1e3, served.latency(keep_alive=False) * 1e3
+    declared = LATENCY * 1e3
+    return Row(
+        f"the store: a 1 KB GET, {declared:.0f} ms declared",
+        "ms",
+        kept,
+        fresh,
+        "",
+        note=f"'pipeflow' column: one kept-alive connection, as s3fs; 'torch': a new one per "
+        f"GET, as WebDataset's curl; medians of 50: {kept - declared:+.1f} ms and "
+        f"{fresh - declared:+.1f} ms on the {declared:.0f} ms declared",
+        higher_is_better=False,
+    )
+
+
+def remote_rows(
+    folder: str, paths: list[str], reps: int, name: str, resume: bool, nagle: bool = False
+) -> list[Row]:
+    """The store's latency (see :func:`latency_row`), then the rate from the slow store
+    holding *paths* (and the resume rows, if *resume*); *nagle*: the store as it was
+    (:data:`NAGLE`)."""
+    with slow_store(folder, nagle) as (options, signed, served):
         urls = [f"s3://bench/{os.path.basename(p)}" for p in paths]
         remote = {
             "pipeflow": lambda: pipeflow_loader(urls, options),
             "torch": lambda: webdataset_loader(signed),
         }
-        before = served.requests()
-        rows = [rate_row(name, remote, reps, ">= 3x")]
-        per_shard = (served.requests() - before) / (2 * (reps + 1) * len(paths))
-        rows[0].note += f"; {per_shard:.1f} requests per shard, the two loaders together"
+        rows = [latency_row(served), rate_row(name, remote, reps, ">= 3x", served, len(paths))]
         if resume:
             rows += resume_rows(remote, served, 3)
     return rows
 
 
-def run(quick: bool) -> list[Row]:
+def run(quick: bool, nagle: bool = False, local: bool = True) -> list[Row]:
+    """The suite's rows, the store's latency first; *nagle*: with the store as it was
+    (:data:`NAGLE`); *local*: with the rows on local shards (which don't use the store)."""
     shards, per_shard, reps = (32, 100, 3) if quick else (64, 200, 5)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="pipeflow-shards-") as folder:
         paths = write_shards(folder, shards, per_shard)
-        local = {
-            "pipeflow": lambda: pipeflow_loader(paths),
-            "torch": lambda: webdataset_loader(paths),
-        }
-        rows = [
-            rate_row(f"local tar shards ({per_shard} samples), 2 workers", local, reps, ">= 1.5x")
-        ]
-        rows.append(memory_row(local, 3))
+        if local:
+            loaders = {
+                "pipeflow": lambda: pipeflow_loader(paths),
+                "torch": lambda: webdataset_loader(paths),
+            }
+            name = f"local tar shards ({per_shard} samples), 2 workers"
+            rows.append(rate_row(name, loaders, reps, ">= 1.5x"))
+            rows.append(memory_row(loaders, 3))
         name = f"S3, 20 ms per request, {per_shard}-sample shards"
-        rows += remote_rows(folder, paths, reps, name, resume=True)
+        store, *remote = remote_rows(folder, paths, reps, name, resume=True, nagle=nagle)
+        rows = [store, *rows, *remote]
     with tempfile.TemporaryDirectory(prefix="pipeflow-shards-") as folder:
         small = write_shards(folder, shards * 5 // 2, 10)  # where the latency is the cost
         name = "S3, 20 ms per request, 10-sample shards"
-        rows += remote_rows(folder, small, 3, name, resume=False)
+        again, *remote = remote_rows(folder, small, 3, name, resume=False, nagle=nagle)
+        remote[0].note += f"; this store: a kept-alive GET {again.pipeflow:.1f} ms"
+        rows += remote
     return rows
 
 
-main = cli(__doc__, run)
+def main(argv: list[str] | None = None) -> int:
+    """Print the suite's table; with ``--nagle``, the store's rows with the store as it was
+    (:data:`NAGLE`) first."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short run (32 shards of 100)")
+    parser.add_argument(
+        "--nagle",
+        action="store_true",
+        help=f"first the store's rows with {NAGLE} (a kept-alive GET then waits on Nagle's "
+        "algorithm and delayed ACKs), then the whole table with the store as it is: before "
+        "and after in one run",
+    )
+    args = parser.parse_args(argv)
+    if args.nagle:
+        print(f"before: {NAGLE}")
+        print(table(run(args.quick, nagle=True, local=False), args.quick))
+        print(
+            f"\nafter: TCP_NODELAY on the store's sockets, a reply in one write, a listen "
+            f"backlog of {BACKLOG}"
+        )
+    print(table(run(args.quick), args.quick))
+    return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        serve(sys.argv[2])
+        serve(sys.argv[2], nagle=sys.argv[3:4] == ["--nagle"])
     else:
         raise SystemExit(main())
