@@ -91,6 +91,7 @@ def test_http_a_reset_mid_shard_is_retried_and_nothing_is_read_twice(tmp_path: A
             next(it)
         assert names[1] in str(info.value) and "at byte 0" in str(info.value)
         assert "failed 3 times" in str(info.value)
+        assert "0 of its samples were delivered before it" in str(info.value)
         got += [ident(s) for s in it]  # the pass goes on with the next shard
         assert got == [sample_id(k, i) for k in (0, 2) for i in range(6)]
 

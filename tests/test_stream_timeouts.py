@@ -227,6 +227,8 @@ def test_a_block_that_stalls_mid_shard_fails_at_its_byte_after_the_samples_befor
     _assert_timed_out(error, url, took)
     assert "at byte 8192" in str(error)
     assert got == [sample_id(0, i) for i in range(len(got))] and got  # the samples before
+    last = f"the last 's0000_{len(got) - 1:05d}'"
+    assert f"{len(got)} of its samples were delivered before it, {last}" in str(error)
 
 
 def test_a_parquet_row_group_read_that_stalls_fails_the_shard(tmp_path: Any) -> None:

@@ -288,18 +288,22 @@ def _read(
         shards = _ahead(upstream, storage, first, open_ahead, config)
         for shard, opened in shards:
             offsets = record.open(made, start, shard, opened) if record is not None else None
-            count = 0
+            count, last = 0, None
             try:
                 for sample, nxt in parse(shard, opened, start, offset, config):
                     if offsets is not None:
                         offsets.append(nxt)
                     count += 1
                     made += 1
+                    last = sample
                     if sample.__class__ is Failure:  # a sample that failed to decode
                         annotate(sample.error, name, context.epoch, index=sample.indices[0])
                     yield sample
             except Exception as e:  # a parser's own, or anything it did not foresee
-                error = e if isinstance(e, ShardReadError) else _unforeseen(e, shard, count)
+                if isinstance(e, ShardReadError):
+                    error = _delivered(e, count, last, start)
+                else:
+                    error = _unforeseen(e, shard, count)
                 count += 1
                 made += 1
                 if record is not None:  # the shard is done once its error is out
@@ -310,6 +314,23 @@ def _read(
             start, offset = 0, None
     finally:
         storage.close()
+
+
+def _delivered(error: ShardReadError, count: int, last: Any, resumed: int) -> ShardReadError:
+    """*error* (the store failing past the retries, a shard cut short...), saying how many
+    samples of its shard were delivered before it, and the last by its key, where the
+    parser's message does not already."""
+    text = str(error)
+    if "delivered before it" in text:
+        return error
+    key = last.get("__key__") if isinstance(last, dict) else None
+    told = f"{count} of its samples were delivered before it" + (
+        f", the last {key!r}" if key else ""
+    )
+    if resumed:
+        told += f" (after the {resumed} before this pass resumed)"
+    error.args = (f"{text}; {told}", *error.args[1:])
+    return error
 
 
 def _unforeseen(error: Exception, shard: Shard, count: int) -> ShardReadError:
