@@ -76,11 +76,11 @@ def goal_met(row: Row) -> bool | None:
 
 
 def mark(row: Row) -> str:
-    """``"met"``, ``"NOT MET"``, or ``"?"`` (not checked) for *row*'s goal; ``""`` if none.
+    """``"met"``, ``"not met"``, or ``"?"`` (not checked) for *row*'s goal; ``""`` if none.
     A ``*`` follows when the verdict is :func:`unsure`."""
     if not row.target:
         return ""
-    text = {True: "met", False: "NOT MET", None: "?"}[goal_met(row)]
+    text = {True: "met", False: "not met", None: "?"}[goal_met(row)]
     return text + "*" if unsure(row) else text
 
 
@@ -188,8 +188,8 @@ def summary(rows: list[Row]) -> str:
     """One line: how many goals were met, missed, and not checked."""
     marks = [mark(r).rstrip("*") for r in rows if r.target]
     text = f"goals: {marks.count('met')} of {len(marks)} met"
-    if marks.count("NOT MET"):
-        text += f", {marks.count('NOT MET')} NOT MET"
+    if marks.count("not met"):
+        text += f", {marks.count('not met')} not met"
     if marks.count("?"):
         text += f", {marks.count('?')} not checked (?)"
     if any(unsure(r) for r in rows):
@@ -198,26 +198,35 @@ def summary(rows: list[Row]) -> str:
 
 
 def reading(rows: list[Row], quick: bool = False) -> str:
-    """One line a user can act on: how often pipeflow beat torch, which goals were missed
-    (and which of those one run can't settle), and what to run to be sure."""
+    """One line a user can act on, with the two things the table measured kept apart: in how
+    many rows pipeflow did better than torch (by the row's ``better:`` direction), and which
+    rows fell short of their goal (a row can do better than torch and still miss a goal of
+    ``>= 3x``), those that one run can't settle apart; then what to run to be sure."""
     wins = [better_than_torch(r) for r in rows]
     compared = [w for w in wins if w is not None]
-    text = f"reading: pipeflow beat torch in {compared.count(True)} of {len(compared)} rows"
+    text = f"reading: better than torch in {compared.count(True)} of {len(compared)} rows"
     missed = [r for r in rows if r.target and goal_met(r) is False]
     if not missed:
         return text + "; every goal checked was met"
     firm = [r.workload.strip() for r in missed if not unsure(r)]
     loose = [r.workload.strip() for r in missed if unsure(r)]
     if firm:
-        text += f"; missed: {', '.join(map(repr, firm))}"
+        text += f"; {_rows(len(firm))} short of {'its' if len(firm) == 1 else 'their'} goal: "
+        text += ", ".join(map(repr, firm))
     if loose:
-        text += f"; missed within this run's spread (*): {', '.join(map(repr, loose))}"
+        more = "more " if firm else ""
+        text += f"; {_rows(len(loose), more)} short of the goal within this run's spread (*): "
+        text += ", ".join(map(repr, loose))
     if quick:
         return text + (
             ". A --quick run is short and noisy: rerun a suite in full (python -m pipeflow "
             "bench SUITE) before reading much into a miss"
         )
     return text + (". Those marked * may pass on a rerun" if loose else "")
+
+
+def _rows(n: int, more: str = "") -> str:
+    return f"{n} {more}row" if n == 1 else f"{n} {more}rows"
 
 
 def fmt(x: float) -> str:

@@ -318,7 +318,7 @@ def goals(reps: int) -> str:
         lines.append(
             f"  {what:<20} {metric:<12} median {mid:>14,.4f} (min {values[0]:,.4f}, "
             f"max {values[-1]:,.4f})  {'>=' if higher else '<'} {bound:,}  "
-            f"{'met' if ok else 'NOT MET'}"
+            f"{'met' if ok else 'not met'}"
         )
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from :func:`_contexts`; where a resumed pass skips what was consumed, from
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -32,11 +32,13 @@ def run(
     progress: Progress,
     record: Any,
     resources: dict[int, dict[Any, Any]],
+    first: Callable[[Any], None] | None = None,
 ) -> Iterator[Any]:
     """Build the chain of iterators now (as torch does at ``iter()``); drive it later.
 
     *context* is the pass's (its epoch and base seed); *resources* what the loader keeps
-    across passes for each of its stages, by their position in the loader.
+    across passes for each of its stages, by their position in the loader; *first*, when
+    given, sees the pass's first item before the consumer (the loader's hints).
     """
     contexts = _contexts(planned, context)
     skip = plan(planned.stages, contexts, _local(resume, planned.fused)) if resume else Plan()
@@ -72,7 +74,7 @@ def run(
         annotate(e, routes[len(chain)].name, context.epoch)
         close_all(chain)
         raise
-    return Pass(chain, progress, record)
+    return Pass(chain, progress, record, first)
 
 
 def _record(

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._context import Context, Hooks
-from pipeflow._hints import not_iterable, operand_error
+from pipeflow._hints import not_iterable, operand_error, pipeflow_kind
 from pipeflow._seeds import config_slots, config_with_seeds
 from pipeflow.state import Resume
 
-__all__ = ["Pipe", "Source", "Stage"]
+__all__ = ["Pipe", "Source", "Stage", "or_stranger"]
 
 In = TypeVar("In", contravariant=True)
 Out = TypeVar("Out", covariant=True)
@@ -285,9 +285,7 @@ class Stage(Generic[In, Out]):
     def __or__(self, other: object) -> Any:
         if isinstance(other, Stage):
             return Pipe((*self.stages, *other.stages))
-        if _has_ror(other):  # its own `|` may know a stage: let Python ask it
-            return NotImplemented
-        raise operand_error(self, other)  # Python would only name the two types
+        return or_stranger(self, other)
 
     def __ror__(self, other: object) -> Any:
         # Only reached when the left operand is not a pipeflow object (sources and loaders
@@ -455,6 +453,26 @@ class Pipe(Stage[In, Out]):
         return (Pipe, (self._stages,))
 
 
+def or_stranger(pipeflow: object, other: object) -> Any:
+    """``pipeflow | other``, where *other* is not a stage: what *other*'s own reflected ``|``
+    makes of it (a class that knows pipeflow's objects), else a TypeError with the fix.
+
+    Python would ask ``other.__ror__`` itself after a ``NotImplemented``, and raise its own
+    error, which names the private classes (``'_FullShuffle' and 'int'``) and no fix; asking
+    it here gives the same answer, and pipeflow's words when it declines (``NotImplemented``,
+    or a TypeError: a numpy array's ``|`` refuses an operand without ufuncs so).
+    """
+    if _has_ror(other) and pipeflow_kind(other) is None:  # not a stage, not a loader
+        stranger: Any = other
+        try:
+            answer = stranger.__ror__(pipeflow)
+        except TypeError:
+            answer = NotImplemented
+        if answer is not NotImplemented:
+            return answer
+    raise operand_error(pipeflow, other)
+
+
 def _has_ror(other: object) -> bool:
     """Whether *other*'s type has a reflected ``|`` of its own (a set, a numpy array)."""
     # In the classes' own dicts: getattr on a class would find the metaclass's ``type.__ror__``
@@ -494,6 +512,12 @@ class Source(Generic[Out]):
     def seekable(self) -> bool:
         """Whether :meth:`iterate` starts at item ``context.start`` (a resumed pass skips
         that many items for free); the others are skipped by reading them."""
+        return False
+
+    def dataset_indices(self) -> bool:
+        """Whether the items are indices of a dataset the user holds (``indices(dataset)``, a
+        torch sampler): a pass of them with no stage that reads it warns (see
+        :func:`pipeflow._hints.unread_indices`). ``False`` by default."""
         return False
 
     def computed(self) -> Any:

@@ -321,7 +321,9 @@ class Pass:
     """The consumer's iterator: the last stage's items, a failed one raised at its turn.
 
     A class, not a generator: a generator that raised is finished, and the next ``next()``
-    must go on with the next item. Counts what it hands out for ``state_dict()``.
+    must go on with the next item. Counts what it hands out for ``state_dict()``. *on_first*,
+    when given, sees the first item before the consumer does (the loader's hint that a
+    dataset's indices went unread); after it, ``next()`` calls the last stage directly.
     """
 
     __slots__ = (
@@ -329,14 +331,22 @@ class Pass:
         "chain",
         "closed",
         "cut_short",
+        "on_first",
         "progress",
         "pull",
         "record",
         "started",
     )
 
-    def __init__(self, chain: list[Iterator[Any]], progress: Progress, record: Any) -> None:
+    def __init__(
+        self,
+        chain: list[Iterator[Any]],
+        progress: Progress,
+        record: Any,
+        on_first: Callable[[Any], None] | None = None,
+    ) -> None:
         self.chain = chain
+        self.on_first = on_first
         self.progress = progress
         self.record = record
         self.started = 0
@@ -354,7 +364,11 @@ class Pass:
         if self.record is not None:
             self.record.passes += 1
         self.pull = self.chain[-1].__next__
-        return self.pull()
+        item = self.pull()
+        if self.on_first is not None:
+            check, self.on_first = self.on_first, None
+            check(item)
+        return item
 
     def __next__(self) -> Any:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -76,9 +77,11 @@ def ignore_errors(
     goes on (as torch's ``DataLoader`` does). Put ``ignore_errors()`` after the stages whose
     failures it should drop: those items are left out, counted in ``loader.stats()``
     (``ignored errors: 2 (sample indices 3, 8)``) and logged once per epoch on the
-    ``"pipeflow"`` logger. Other exceptions pass through unchanged. Where ``fetch`` reads a
-    batch sample by sample (a dataset without ``__getitems__``), only the failed samples are
-    dropped and the batch goes on shorter; a ``__getitems__`` that raises costs its batch.
+    ``"pipeflow"`` logger, when the pass ends or is closed (a pass left open until the
+    interpreter exits is not logged then: ``stats()`` keeps the count). Other exceptions
+    pass through unchanged. Where ``fetch`` reads a batch sample by sample (a dataset
+    without ``__getitems__``), only the failed samples are dropped and the batch goes on
+    shorter; a ``__getitems__`` that raises costs its batch.
 
     An error that ended its stage's stream is never dropped: a generator that raised (a
     source's iterator, a generator stage), a worker that died
@@ -173,7 +176,11 @@ def _ignore(
         if max_fraction is not None and total is None and spent > max_fraction * seen:
             raise _over_budget(dropped, earlier, seen, (max_count, max_fraction, total))
     finally:
-        if dropped:
+        # A pass left open until the interpreter exits (kept by a reference cycle, a global)
+        # is closed during shutdown, after everything the program printed: a line then would
+        # stand alone at the end, tied to no epoch the reader can see, and the logging
+        # handlers may be closed already. stats() still has the count.
+        if dropped and not sys.is_finalizing():
             _log(dropped, context.epoch)
 
 

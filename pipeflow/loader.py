@@ -6,17 +6,17 @@ import copy
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pipeflow import _checks
 from pipeflow._chain import run
 from pipeflow._context import Context
-from pipeflow._hints import operand_error
+from pipeflow._hints import not_an_iterator, operand_error, unread_indices, warn_unread
 from pipeflow._layout import layout
 from pipeflow._plan import PassPlan, plan
 from pipeflow._random import DrawnSeed
 from pipeflow._seeds import replaced, slots
-from pipeflow._stage import Source, Stage, _has_ror
+from pipeflow._stage import Source, Stage, or_stranger
 from pipeflow._state_check import Loaded, check
 from pipeflow.state import Progress, flat_index, light, take
 from pipeflow.stats import LoaderRecord, Stats
@@ -68,6 +68,7 @@ class Loader(Generic[Out]):
         "_resources",
         "_source",
         "_stages",
+        "_unread",
     )
 
     def __init__(self, source: Source[Any], stages: tuple[Stage[Any, Any], ...] = ()) -> None:
@@ -79,6 +80,9 @@ class Loader(Generic[Out]):
             raise TypeError(msg)
         self._source = source
         self._stages = _flat_stages(stages)
+        # Whether its items can only be a dataset's indices, unread (pf.fetch forgotten): the
+        # first item of a pass is then checked, until one warns (see _hints.unread_indices).
+        self._unread = unread_indices(source, self._stages)
         self._next_epoch = 0
         self._next: dict[str, Any] = {}  # where the next pass starts, when resuming
         self._epoch: int | None = None
@@ -110,9 +114,18 @@ class Loader(Generic[Out]):
     def __or__(self, other: object) -> Any:
         if isinstance(other, Stage):
             return Loader(self._source, (*self._stages, *other.stages))
-        if _has_ror(other):  # its own `|` may know a loader: let Python ask it
-            return NotImplemented
-        raise operand_error(self, other)  # Python would only name the two types
+        return or_stranger(self, other)  # Python would only name the two types
+
+    def __ror__(self, other: object) -> Any:
+        # Reached when the left operand's own `|` declined: a stage (a source after a stage)
+        # or data, which never enters through `|`; the message says where it goes.
+        if isinstance(other, Stage):
+            raise operand_error(other, self)
+        raise operand_error(other, self, stranger="left")
+
+    #: A numpy array on the left of ``|`` leaves the operator to the loader (which refuses
+    #: it, saying how data enters) instead of broadcasting it over its elements.
+    __array_ufunc__ = None
 
     def plan(self) -> PassPlan:
         """What this loader's passes run: the planning step's answer (:mod:`pipeflow._plan`).
@@ -192,6 +205,13 @@ class Loader(Generic[Out]):
     def __iter__(self) -> Iterator[Out]:
         return self.start()
 
+    if not TYPE_CHECKING:  # at run time only: to type checkers a loader is no Iterator
+
+        def __next__(self):
+            """``next(loader)``: refused, saying to call ``iter(loader)`` first (Python's
+            own words would be "'Loader' object is not an iterator")."""
+            raise not_an_iterator(self)
+
     def start(self, *, base_seed: int | Callable[[], int] | None = None) -> Iterator[Out]:
         """Start the next pass, like ``iter(loader)``, choosing the workers' base seed."""
         epoch = self._next_epoch
@@ -204,9 +224,16 @@ class Loader(Generic[Out]):
         self._progress = progress
         record = self._stats_record() if self._recording else None
         context = Context(epoch, base_seed=base_seed)
-        it = run(self.plan(), context, resume, progress, record, self._resources)
+        first = self._check_first if self._unread else None
+        it = run(self.plan(), context, resume, progress, record, self._resources, first)
         self._active.add(it)
         return it
+
+    def _check_first(self, item: Any) -> None:
+        """Look at the first item of a pass of a loader whose items can only be a dataset's
+        indices: warn that ``pf.fetch`` is missing (once; the items after it go unchecked)."""
+        if self._unread and warn_unread(self._source, item):
+            self._unread = False
 
     # -- statistics -------------------------------------------------------------------------
     def stats(self) -> Stats:

@@ -27,8 +27,12 @@ T = TypeVar("T")
 class _Indices(Source[int]):
     name = "indices"
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, of_dataset: bool = False) -> None:
         self.n = n
+        self.of_dataset = of_dataset  # built from the dataset itself, not from a number
+
+    def dataset_indices(self) -> bool:
+        return self.of_dataset
 
     def iterate(self, context: Context) -> Iterator[int]:
         return iter(range(min(context.start, self.n), self.n))
@@ -49,6 +53,11 @@ class _Indices(Source[int]):
 def indices(n_or_sized: int | Sized) -> Loader[int]:
     """The indices ``0, 1, ..., n - 1`` of a map-style dataset, once per epoch.
 
+    Given a dataset, the items are its indices until ``pf.fetch(dataset)`` reads them: a pass
+    whose every stage only reorders or groups them (``shuffle``, ``batch``, ``collate``...)
+    warns at its first item that ``pf.fetch`` is missing. Given a number, the items are
+    numbers, and it never warns.
+
     Args:
         n_or_sized: the number of indices, or an object with ``__len__`` (a dataset).
 
@@ -67,7 +76,8 @@ def indices(n_or_sized: int | Sized) -> Loader[int]:
         ...
         ValueError: indices: n_or_sized must be at least 0 (got -1)
     """
-    return Loader(_Indices(_count("indices", n_or_sized)))
+    n = _count("indices", n_or_sized)
+    return Loader(_Indices(n, of_dataset=_has_length(n_or_sized)))
 
 
 def _count(stage: str, n_or_sized: Any) -> int:
@@ -84,6 +94,17 @@ def _count(stage: str, n_or_sized: Any) -> int:
         msg = f"{stage}: n_or_sized must be at least 0 (got {n})"
         raise ValueError(msg)
     return n
+
+
+def _has_length(value: Any) -> bool:
+    """Whether *value* counts its items with ``len()`` (a dataset, an array), unlike a number."""
+    if isinstance(value, int) or not isinstance(value, Sized):
+        return False
+    try:
+        len(value)
+    except TypeError:  # a 0-d tensor or array: a number
+        return False
+    return True
 
 
 def _length_or_index(value: Any) -> int | None:
@@ -175,6 +196,13 @@ class _FromSampler(_Restoring):
     def length(self) -> int | None:
         return len(self.sampler) if isinstance(self.sampler, Sized) else None
 
+    def dataset_indices(self) -> bool:
+        """A torch ``Sampler`` draws a dataset's indices (told without importing torch)."""
+        return any(
+            c.__name__ == "Sampler" and c.__module__ == "torch.utils.data.sampler"
+            for c in type(self.sampler).__mro__
+        )
+
     def describe(self) -> str:
         return f"from_sampler({describe_sampler(self.sampler)})"
 
@@ -200,7 +228,7 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
     if not isinstance(sampler, Iterable):
         msg = f"from_sampler: sampler must be iterable (got {type(sampler).__name__})"
         raise TypeError(msg)
-    if isinstance(sampler, Iterator):
+    if _one_shot(sampler):
         msg = (
             "from_sampler: sampler must be re-iterable, but got a one-shot iterator "
             f"({type(sampler).__name__}); pass the sampler itself, not iter(sampler)"
@@ -209,6 +237,12 @@ def from_sampler(sampler: Iterable[T], *, set_epoch: bool = True) -> Loader[T]:
     _sized_or_not("from_sampler", "sampler", sampler)
     _checks.boolean("from_sampler", "set_epoch", set_epoch)
     return Loader(_FromSampler(sampler, set_epoch))
+
+
+def _one_shot(value: Any) -> bool:
+    """Whether *value* is an iterator (its ``__iter__`` returns itself): not a loader, which
+    has ``__next__`` only to say that ``iter()`` starts its passes."""
+    return isinstance(value, Iterator) and not isinstance(value, Loader)
 
 
 def _not_a_stage(source: str, name: str, value: Any) -> None:
@@ -238,7 +272,7 @@ class _FromIterable(_Restoring):
     def __init__(self, iterable: Iterable[Any]) -> None:
         super().__init__(iterable)
         self.iterable = iterable
-        self.one_shot = isinstance(iterable, Iterator)
+        self.one_shot = _one_shot(iterable)
         self.used_by: int | None = None
 
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:

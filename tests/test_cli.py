@@ -107,13 +107,13 @@ def test_bench_table_marks_every_goal_met_or_not() -> None:
     marks = {
         line.split()[0]: line for line in lines[2:] if line.split()[0] in {r.workload for r in rows}
     }
-    assert "3.43x  NOT MET   >= 10x" in marks["batched"]
+    assert "3.43x  not met   >= 10x" in marks["batched"]
     assert "4.00x  met       >= 3x" in marks["plain"]
-    assert "NOT MET   <= 0.5x" in marks["startup"]
+    assert "not met   <= 0.5x" in marks["startup"]
     assert "met       pipeflow < 0.05" in marks["resume"]
     assert "met       overhead < 5%" in marks["stats"]
     assert "?         about the same" in marks["odd"]
-    assert lines[-2] == "goals: 3 of 6 met, 2 NOT MET, 1 not checked (?)"
+    assert lines[-2] == "goals: 3 of 6 met, 2 not met, 1 not checked (?)"
 
 
 def test_bench_table_says_which_way_is_better_and_what_to_conclude() -> None:
@@ -137,17 +137,18 @@ def test_bench_table_says_which_way_is_better_and_what_to_conclude() -> None:
     assert lines[0].split()[:3] == ["workload", "unit", "better:"]
     better = {line.split()[0]: line.split()[2] for line in lines[2:5]}
     assert better == {"fast": "higher", "start": "lower", "fork": "lower"}
-    assert "NOT MET*" in lines[4]
+    assert "not met*" in lines[4]
     assert lines[-2].endswith(
         "; * within this run's spread (best vs worst repetition): one run can't say"
     )
     assert lines[-1] == (
-        "reading: pipeflow beat torch in 3 of 3 rows; missed: 'start'; missed within this "
-        "run's spread (*): 'fork'. A --quick run is short and noisy: rerun a suite in full "
-        "(python -m pipeflow bench SUITE) before reading much into a miss"
+        "reading: better than torch in 3 of 3 rows; 1 row short of its goal: 'start'; 1 more "
+        "row short of the goal within this run's spread (*): 'fork'. A --quick run is short "
+        "and noisy: rerun a suite in full (python -m pipeflow bench SUITE) before reading much "
+        "into a miss"
     )
     met = table(rows[:1]).splitlines()[-1]
-    assert met == "reading: pipeflow beat torch in 1 of 1 rows; every goal checked was met"
+    assert met == "reading: better than torch in 1 of 1 rows; every goal checked was met"
 
 
 def test_bench_outside_a_checkout_says_how_to_get_the_benchmarks(tmp_path: Path) -> None:
@@ -186,7 +187,7 @@ def test_bench_says_when_each_suite_starts_and_how_long_it_took(monkeypatch, cap
     assert re.fullmatch(r"\[1/2\] tiny \.\.\. 1 rows in \d+ s", out[0])
     assert re.fullmatch(r"\[2/2\] tiny \.\.\. 1 rows in \d+ s", out[1])
     assert re.fullmatch(r"all suites: \d+ s", out[2])
-    assert out[-1].startswith("reading: pipeflow beat torch in 2 of 2 rows")
+    assert out[-1].startswith("reading: better than torch in 2 of 2 rows")
 
 
 def test_readme_tour_uses_what_it_defines() -> None:

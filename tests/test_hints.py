@@ -38,8 +38,9 @@ def test_a_dataset_after_a_source_says_fetch() -> None:
     with pytest.raises(TypeError) as e:
         pf.indices(DATASET) | DATASET
     assert str(e.value) == (
-        "unsupported operand type(s) for |: 'Loader' and 'TensorDataset': to read a "
-        "TensorDataset by index, put pf.fetch(...) in the pipeline: pf.indices(dataset) | "
+        "unsupported operand type(s) for |: 'Loader' and 'TensorDataset' (indices(10) | "
+        "<TensorDataset>): to read a TensorDataset by index, put pf.fetch(...) in the "
+        "pipeline: pf.indices(dataset) | "
         "pf.fetch(dataset), where dataset is your TensorDataset"
     )
 
@@ -97,7 +98,7 @@ def test_a_source_factory_without_parentheses_says_call_it() -> None:
 def test_anything_but_a_stage_after_a_loader_or_stage_is_a_type_error_with_a_fix(thing) -> None:
     """Either side of `|` that is not a pipeflow object: a TypeError, as Python gives; with a
     fix after the two type names, unless the thing has a `|` of its own (an int, a dict),
-    which Python then asks, and which answers in Python's words."""
+    which is asked first (and declines here)."""
     for left in (pf.indices(3), pf.batch(2)):
         with pytest.raises(TypeError) as e:
             left | thing
