@@ -1,7 +1,8 @@
 # One driver for humans and CI. `make demo` runs the main job, `make check` runs every check.
 # Both create .venv on first use: `make demo` installs pipeflow and what it needs (torch,
 # numpy, toolz, tqdm, pillow); `make check` adds the dev, docs, compat, plot, stream and ray
-# extras.
+# extras. The docs targets on their own (`make serve`, `make docs`, `make docs-offline`)
+# install only the docs extra: no torch, no pipeflow.
 # Choose another torch build with, e.g.:
 #   make check TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -9,9 +10,11 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 SERVE_ADDR ?= 127.0.0.1:8000
 BIN := $(VENV)/bin
-# What is installed, one stamp per level: the package, then everything for the checks.
+# What is installed, one stamp per level: the package, then everything for the checks; and,
+# beside them, the docs tools alone (which the everything level includes).
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-full
+DOCS := $(VENV)/.installed-docs
 # mkdocs-material prints an end-of-life notice (May 2027) on every run; this turns it off.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
@@ -41,10 +44,33 @@ $(BASE): pyproject.toml
 	touch $@
 	$(STEP) "make: $(VENV) is ready"
 
+# The docs extra includes the docs tools, so this stamps DOCS too: `make check` builds the docs
+# with what it installed here and installs nothing more for them.
 $(FULL): $(BASE)
 	$(STEP) "make: installing the checks' tools: pytest, hypothesis, ruff, mypy, mkdocs, lightning, accelerate, torchdata, matplotlib, fsspec, pyarrow, ray"
 	$(PIP) -e ".[dev,docs,compat,plot,stream,ray]"
+	touch $(DOCS) $@
+
+# The docs extra's requirements, one a line, read from pyproject.toml (tomllib is Python 3.11
+# and newer; pip carries tomli for 3.10).
+DOCS_EXTRA := import sys; toml = __import__("tomllib" if sys.version_info >= (3, 11) else "pip._vendor.tomli", fromlist=["load"]); print(*toml.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"], sep="\n")
+
+# `make -j` builds prerequisites side by side, and two pip runs must not write one venv at
+# once. So when this run also installs the checks' tools (which include the docs tools), the
+# docs targets wait for those; and when it installs pipeflow, the docs tools wait for that.
+DOCS_PREREQ := $(if $(filter check lint types test,$(MAKECMDGOALS)),$(FULL),$(DOCS))
+AFTER_BASE := $(if $(filter demo bench,$(MAKECMDGOALS)),$(BASE))
+
+# What the docs targets need, and only that: the docs extra without pipeflow (mkdocstrings
+# reads pipeflow's source files; it imports neither pipeflow nor torch).
+$(DOCS): pyproject.toml | $(AFTER_BASE)
+	$(STEP) "make: installing the docs tools (mkdocs, mkdocs-material, mkdocstrings, ruff) in $(VENV), creating it if needed"
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --quiet --upgrade pip
+	$(BIN)/python -c '$(DOCS_EXTRA)' > $(VENV)/docs-requirements.txt
+	$(PIP) -r $(VENV)/docs-requirements.txt
 	touch $@
+	$(STEP) "make: $(VENV) has the docs tools"
 
 lint: $(FULL)
 	$(BIN)/ruff check .
@@ -56,15 +82,15 @@ types: $(FULL)
 test: $(FULL)
 	$(BIN)/python -m pytest
 
-docs: $(FULL)
+docs: $(DOCS_PREREQ)
 	$(MKDOCS) build --strict --site-dir site
 
 # A copy of the site to open as files (site-offline/index.html): links work from file://.
-docs-offline: $(FULL)
+docs-offline: $(DOCS_PREREQ)
 	OFFLINE=true $(MKDOCS) build --strict --site-dir site-offline
 
 # The site with working links and search, at http://$(SERVE_ADDR); rebuilt on every save.
-serve: $(FULL)
+serve: $(DOCS_PREREQ)
 	$(MKDOCS) serve --dev-addr $(SERVE_ADDR)
 
 bench: $(BASE)
