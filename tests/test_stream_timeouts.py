@@ -108,6 +108,7 @@ class _Stalls(http.server.BaseHTTPRequestHandler):
     folder = "."
     answered = 0
     gets: ClassVar[list[str]] = []
+    stall_from: ClassVar[int | None] = None  # stall the ranges from this byte on, if set
     release = threading.Event()
     protocol_version = "HTTP/1.1"
 
@@ -145,7 +146,10 @@ class _Stalls(http.server.BaseHTTPRequestHandler):
         if spec:
             self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
         self.end_headers()
-        if len(self.gets) <= self.answered:
+        stall_from = self.stall_from
+        if (stall_from is None and len(self.gets) <= self.answered) or (
+            stall_from is not None and first < stall_from
+        ):
             self.wfile.write(body)
             return
         self.wfile.write(body[: len(body) // 2])
@@ -158,12 +162,15 @@ class _Stalls(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def stalling_server(folder: str, answered: int = 0) -> Iterator[tuple[str, type[_Stalls]]]:
-    """:class:`_Stalls` over *folder* on a free loopback port: ``(base URL, handler)``."""
+def stalling_server(
+    folder: str, answered: int = 0, stall_from: int | None = None
+) -> Iterator[tuple[str, type[_Stalls]]]:
+    """:class:`_Stalls` over *folder* on a free loopback port: ``(base URL, handler)``. It
+    answers the first *answered* GETs, or, with *stall_from*, every GET of a range that
+    starts before that byte (whatever retries came first), and stalls the others."""
+    fields = {"folder": folder, "answered": answered, "stall_from": stall_from}
     handler: type[_Stalls] = type(
-        "Stalls",
-        (_Stalls,),
-        {"folder": folder, "answered": answered, "gets": [], "release": threading.Event()},
+        "Stalls", (_Stalls,), {**fields, "gets": [], "release": threading.Event()}
     )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -214,7 +221,7 @@ def test_a_block_that_stalls_mid_shard_fails_at_its_byte_after_the_samples_befor
     tmp_path: Any,
 ) -> None:
     write_shards(str(tmp_path), [6])  # 12 KiB in 4 KiB blocks: the third block stalls
-    with stalling_server(str(tmp_path), answered=2) as (base, _):
+    with stalling_server(str(tmp_path), stall_from=8192) as (base, _):
         url = f"{base}/shard-0000.tar"
         reader = pf.read_tar(timeout=TIMEOUT, retries=RETRIES, block_size=4096, window=1)
         got: list[Any] = []
