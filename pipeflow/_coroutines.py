@@ -20,6 +20,7 @@ def is_coroutine_function(fn: Any) -> bool:
     Examples:
         >>> async def load(i):
         ...     return i
+        ...
         >>> is_coroutine_function(load), is_coroutine_function(abs)
         (True, False)
     """
@@ -35,6 +36,7 @@ def refuse(stage: str, name: str, fn: Any) -> None:
     Examples:
         >>> async def load(i):
         ...     return i
+        ...
         >>> refuse("map", "fn", load)
         Traceback (most recent call last):
         ...

@@ -55,6 +55,7 @@ def stage(
         ... def add(items, *, amount=1):
         ...     for x in items:
         ...         yield x + amount
+        ...
         >>> add(amount=10)
         add(amount=10)
         >>> list(pf.from_iterable(range(3)) | add(amount=10))

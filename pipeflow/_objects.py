@@ -68,6 +68,7 @@ class Stateful(Protocol):
         ...         return {"n": self.n}
         ...     def load_state_dict(self, state):
         ...         self.n = state["n"]
+        ...
         >>> isinstance(Counter(), pf.Stateful)
         True
         >>> loader = pf.from_iterable(Counter())

@@ -78,6 +78,7 @@ class Stage(Generic[In, Out]):
         ... def double(items):
         ...     for x in items:
         ...         yield 2 * x
+        ...
         >>> double()
         double()
         >>> list(from_iterable([1, 2, 3]) | double() | double())

@@ -133,6 +133,7 @@ def _hint_unbatched(error: Exception, batch: Any) -> None:
         ... except RuntimeError as e:
         ...     for note in e.__notes__:
         ...         print(note)
+        ...
         pipeflow: collate takes a batch, a list of samples, but got a tuple: if that is one
         sample, put pf.batch(n) before pf.collate()
         pipeflow: stage 'collate' failed on sample index 0 (epoch 0)

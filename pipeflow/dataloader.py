@@ -93,6 +93,7 @@ class DataLoader(tud.DataLoader[T_co]):
         ...         if i == 2:
         ...             raise OSError(f"file {i} is cut short")
         ...         return i
+        ...
         >>> [b.tolist() for b in pf.DataLoader(Files(), batch_size=4, ignore_errors=True)]
         [[0, 1, 3], [4, 5]]
     """

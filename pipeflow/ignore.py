@@ -105,6 +105,7 @@ def ignore_errors(
         ...     if i in (3, 8):
         ...         raise OSError(f"corrupt file {i}")
         ...     return i
+        ...
         >>> loader = pf.indices(10) | pf.map(load) | pf.ignore_errors(max_count=5)
         >>> list(loader)
         [0, 1, 2, 4, 5, 6, 7, 9]

@@ -64,6 +64,7 @@ def pack(
         >>> rows = list(pf.from_iterable([[1, 2, 3], [4, 5], [6, 7, 8, 9]]) | pf.pack(5))
         >>> for row in rows:
         ...     print(row["tokens"], row["segment_ids"], row["positions"])
+        ...
         [1 2 3 4 5] [1 1 1 2 2] [0 1 2 0 1]
         [6 7 8 9 0] [1 1 1 1 0] [0 1 2 3 0]
         >>> rows = list(pf.from_iterable([[1, 2, 3], [4, 5, 6, 7]]) | pf.pack(5, method="concat"))

@@ -1,5 +1,9 @@
 """Every ``>>>`` session in the documentation can be typed at Python's interactive prompt.
 
+The documentation is the pages (``docs/**/*.md``) and the docstrings of ``pipeflow/**/*.py``,
+which the reference pages show (mkdocstrings) and pytest runs as doctests
+(``--doctest-modules``).
+
 doctest (which ``tests/test_docs.py`` runs the sessions with) reads an example as a whole, so
 it accepts a session the real prompt refuses. At the prompt a compound statement (``for``,
 ``def``, ``with``, ``if``, ``class``, ``try``...) stays open until an empty ``...`` line ends
@@ -22,20 +26,27 @@ runs the examples). A session fails when a line is a syntax error, when output i
 the prompt still waits for the rest of a block (no output comes before the empty ``...``),
 or when it ends inside an unfinished block.
 
-The sessions are the blocks that ``test_docs.py`` takes for doctests, read with its helpers.
+The sessions of a page are the blocks that ``test_docs.py`` takes for doctests, read with its
+helpers. Those of a module are read from its source with :mod:`ast` (nothing is imported): in
+each docstring (of the module, a class or a function), a session starts at a ``>>>`` line and
+runs to the next blank line, as doctest reads one (examples with no blank line between them
+show as one session), the ``>>>`` line's indentation taken off every line. A problem in a
+module is reported as ``pipeflow/<module>.py:<line>``.
 """
 
 from __future__ import annotations
 
+import ast
 import code
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_docs import PAGES, is_doctest, page_id, parse_blocks
+from test_docs import PAGES, ROOT, is_doctest, page_id, parse_blocks
 
 SESSION_TAGS = {"python", "pycon"}  # test_docs.py refuses pycon; a session is one all the same
+MODULES = sorted((ROOT / "pipeflow").rglob("*.py"))
 
 # Pages whose sessions a reader can't type at the prompt today, kept here so that the suite
 # passes while they wait for their owners, with the lines (as of this list) that the prompt
@@ -56,6 +67,53 @@ def sessions_of(path: Path) -> list[Session]:
         Session(path, block.lineno, block.text.splitlines())
         for block in parse_blocks(path)
         if block.lang in SESSION_TAGS and is_doctest(block)
+    ]
+
+
+def module_id(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def docstrings_of(path: Path) -> list[tuple[int, str]]:
+    """The docstrings of the module at *path*, its classes' and its functions', each with the
+    line of its opening quotes (1-based), in the order of the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        if isinstance(node, kinds) and ast.get_docstring(node, clean=False) is not None:
+            literal = node.body[0]
+            assert isinstance(literal, ast.Expr) and isinstance(literal.value, ast.Constant)
+            found.append((literal.value.lineno, literal.value.value))
+    return sorted(found)
+
+
+def docstring_sessions(text: str, lineno: int = 1) -> list[tuple[int, list[str]]]:
+    """The sessions in a docstring *text* whose first line is line *lineno* of its file, each
+    with the line of its first line. The docstring's k-th line is taken for line lineno + k
+    of the file: true unless the docstring holds a backslash-newline or a ``\\n`` escape."""
+    lines = text.splitlines()
+    sessions = []
+    k = 0
+    while k < len(lines):
+        line = lines[k]
+        if not _prompted(line.lstrip(), ">>>"):
+            k += 1
+            continue
+        indent = len(line) - len(line.lstrip())
+        end = k
+        while end < len(lines) and lines[end].strip():
+            end += 1
+        sessions.append((lineno + k, [each[indent:] for each in lines[k:end]]))
+        k = end
+    return sessions
+
+
+def module_sessions(path: Path) -> list[Session]:
+    return [
+        Session(path, first, lines)
+        for lineno, text in docstrings_of(path)
+        for first, lines in docstring_sessions(text, lineno)
     ]
 
 
@@ -131,6 +189,15 @@ def page_problems(path: Path) -> list[str]:
     ]
 
 
+def module_problems(path: Path) -> list[str]:
+    where = module_id(path)
+    return [
+        f"{where}:{problem.removeprefix('line ')}"
+        for session in module_sessions(path)
+        for problem in problems(session.lines, session.lineno)
+    ]
+
+
 def _cases() -> list[pytest.ParameterSet]:
     cases = []
     for path in PAGES:
@@ -156,6 +223,21 @@ def test_the_expected_failures_name_pages_with_sessions() -> None:
 @pytest.mark.parametrize("path", _cases())
 def test_sessions_can_be_typed_at_the_prompt(path: Path) -> None:
     found = page_problems(path)
+    if found:
+        pytest.fail("typed at the >>> prompt:\n" + "\n".join(found), pytrace=False)
+
+
+def _module_cases() -> list[pytest.ParameterSet]:
+    return [pytest.param(path, id=module_id(path)) for path in MODULES if module_sessions(path)]
+
+
+def test_there_are_docstring_sessions() -> None:
+    assert sum(len(module_sessions(path)) for path in MODULES) > 50
+
+
+@pytest.mark.parametrize("path", _module_cases())
+def test_docstring_sessions_can_be_typed_at_the_prompt(path: Path) -> None:
+    found = module_problems(path)
     if found:
         pytest.fail("typed at the >>> prompt:\n" + "\n".join(found), pytrace=False)
 
@@ -231,3 +313,45 @@ def test_the_checker_names_the_line() -> None:
 def test_the_checker_runs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert problems([">>> print('ran')", "ran"]) == []
     assert capsys.readouterr().out == ""
+
+
+def test_docstring_sessions_are_read_as_doctest_reads_them(tmp_path: Path) -> None:
+    path = tmp_path / "module.py"
+    path.write_text(
+        '''"""A module.
+
+    >>> 1
+    1
+"""
+
+
+class A:
+    """A class.
+
+    Examples:
+        >>> def f():
+        ...     return 1
+        >>> f()
+        1
+
+        >>> for i in range(1):
+        ...     print(i)
+        ...
+        0
+    """
+
+    def g(self) -> None:
+        """No session here: ``>>> 1`` is not at the start of a line."""
+''',
+        encoding="utf-8",
+    )
+    sessions = module_sessions(path)
+    assert [(session.lineno, session.lines) for session in sessions] == [
+        (3, [">>> 1", "1"]),
+        (12, [">>> def f():", "...     return 1", ">>> f()", "1"]),
+        (17, [">>> for i in range(1):", "...     print(i)", "...", "0"]),
+    ]
+    (problem,) = [
+        problem for session in sessions for problem in problems(session.lines, session.lineno)
+    ]
+    assert problem.startswith("line 14: SyntaxError")

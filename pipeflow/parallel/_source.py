@@ -255,6 +255,7 @@ def parallel_source(
         ...         info = pf.get_worker_info()
         ...         start, step = (0, 1) if info is None else (info.id, info.num_workers)
         ...         return iter(range(start, 7, step))
+        ...
         >>> list(pf.parallel_source(pf.from_iterable(Shard()), workers=2, backend="thread"))
         [0, 1, 2, 3, 4, 5, 6]
         >>> list(pf.parallel_source(pf.indices(7) | pf.shard(0, 1), workers=2, backend="thread"))

@@ -122,6 +122,7 @@ def read_tar(
         ...         info = tarfile.TarInfo(name)
         ...         info.size = len(data)
         ...         tar.addfile(info, io.BytesIO(data))
+        ...
         >>> loader = pf.shards(os.path.join(folder, "*.tar"), shuffle=False) | pf.read_tar()
         >>> [(s["__key__"], s["txt"], s.get("cls")) for s in loader]
         [('a', 'hello', 1), ('b', 'bye', None)]
@@ -160,6 +161,7 @@ def read_jsonl(
         >>> path = os.path.join(tempfile.mkdtemp(), "rows.jsonl")
         >>> with open(path, "w") as f:
         ...     _ = f.write('{"text": "a"}\\n\\n{"text": "b"}\\n')
+        ...
         >>> [(s["__index__"], s["json"]["text"]) for s in pf.shards([path]) | pf.read_jsonl()]
         [(0, 'a'), (1, 'b')]
     """
