@@ -76,6 +76,10 @@ class _Files(http.server.BaseHTTPRequestHandler):
         if spec:
             self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
         self.end_headers()
+        self._body(body, first)
+
+    def _body(self, body: bytes, first: int) -> None:
+        """Send the range's bytes (from byte *first* of the file), or fail as told."""
         name = self.path.lstrip("/")
         if self.faults.get(name, 0) > 0:
             self.faults[name] -= 1

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import pytest
 
 import pipeflow as pf
-from tests._servers import http_server
+from tests._servers import _Files, http_server
 from tests._shards import ident, sample_id, write_shards
 
 fsspec = pytest.importorskip("fsspec")
@@ -101,51 +101,18 @@ def silent_server() -> Iterator[str]:
             conn.close()
 
 
-class _Stalls(http.server.BaseHTTPRequestHandler):
-    """Serves a folder: HEAD in full, the first ``answered`` GETs in full, then each GET's
-    headers and half its body, and nothing more until ``release`` is set."""
+class _Stalls(_Files):
+    """Serves a folder as :class:`tests._servers._Files` does, but answers only the first
+    ``answered`` GETs in full (or, with ``stall_from``, those of a range that starts before
+    that byte); the others get their headers and half their body, and nothing more until
+    ``release`` is set."""
 
-    folder = "."
     answered = 0
-    gets: ClassVar[list[str]] = []
-    stall_from: ClassVar[int | None] = None  # stall the ranges from this byte on, if set
+    gets: ClassVar[list[str]] = []  # the GETs (the same list as ``requests``)
+    stall_from: ClassVar[int | None] = None
     release = threading.Event()
-    protocol_version = "HTTP/1.1"
 
-    def _data(self) -> bytes | None:
-        path = os.path.join(self.folder, self.path.lstrip("/"))
-        if not os.path.isfile(path):
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return None
-        with open(path, "rb") as f:
-            return f.read()
-
-    def do_HEAD(self) -> None:
-        data = self._data()
-        if data is not None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Accept-Ranges", "bytes")
-            self.end_headers()
-
-    def do_GET(self) -> None:
-        self.gets.append(self.path)
-        data = self._data()
-        if data is None:
-            return
-        first, last = 0, len(data) - 1
-        spec = self.headers.get("Range")
-        if spec:
-            a, _, b = spec.removeprefix("bytes=").partition("-")
-            first, last = int(a), min(int(b) if b else len(data) - 1, len(data) - 1)
-        body = data[first : last + 1]
-        self.send_response(206 if spec else 200)
-        self.send_header("Content-Length", str(len(body)))
-        if spec:
-            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-        self.end_headers()
+    def _body(self, body: bytes, first: int) -> None:
         stall_from = self.stall_from
         if (stall_from is None and len(self.gets) <= self.answered) or (
             stall_from is not None and first < stall_from
@@ -157,9 +124,6 @@ class _Stalls(http.server.BaseHTTPRequestHandler):
         self.release.wait(60)  # the body's rest never comes (until the test ends)
         self.close_connection = True
 
-    def log_message(self, *args: Any) -> None:
-        pass
-
 
 @contextlib.contextmanager
 def stalling_server(
@@ -168,9 +132,11 @@ def stalling_server(
     """:class:`_Stalls` over *folder* on a free loopback port: ``(base URL, handler)``. It
     answers the first *answered* GETs, or, with *stall_from*, every GET of a range that
     starts before that byte (whatever retries came first), and stalls the others."""
+    gets: list[str] = []
     fields = {"folder": folder, "answered": answered, "stall_from": stall_from}
+    fresh = {"gets": gets, "requests": gets, "heads": [], "faults": {}}
     handler: type[_Stalls] = type(
-        "Stalls", (_Stalls,), {**fields, "gets": [], "release": threading.Event()}
+        "Stalls", (_Stalls,), {**fields, **fresh, "release": threading.Event()}
     )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
