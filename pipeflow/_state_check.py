@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pipeflow._seal import digest
 from pipeflow._seeds import is_workers, replaced
 from pipeflow.state import (
+    READS,
     VERSION,
     check_inputs,
     fingerprint,
@@ -29,6 +31,7 @@ from pipeflow.state import (
     plan,
     record_keys,
     seeds,
+    taken,
 )
 
 __all__ = [
@@ -69,6 +72,8 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     _check_length(state, length)
     records = _check_records(stages, _totals(source, stages), state)
     _check_passes(source, stages, records, adopted, state["epoch"])
+    if state["pipeflow_state"] != 2:  # format 2 has no digests
+        _check_digests(stages, state)
     verify_data(source, stages, records)
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     skip = plan(stages, [None] * len(stages), resume).source_skip
@@ -128,13 +133,15 @@ def _check_form(state: Any) -> None:
             f"with pipeflow_state={VERSION}; got {type(state).__name__})"
         )
         raise _fail(msg)
-    if state["pipeflow_state"] != VERSION:
+    version = state["pipeflow_state"]
+    if isinstance(version, bool) or version not in READS:
         msg = (
-            f"the state is in format {state['pipeflow_state']!r}, and this pipeflow reads "
-            f"format {VERSION}: take the state again with this version"
+            f"the state is in format {version!r}, and this pipeflow reads formats "
+            f"{', '.join(map(str, READS))}: take the state again with this version"
         )
         raise _fail(msg)
-    record_keys(state, "the state", {*_TYPES, "pipeflow_state"}, {"source"})
+    digests = {"digests"} if version == VERSION else set()
+    record_keys(state, "the state", {*_TYPES, *digests, "pipeflow_state"}, {"source"})
     for key, kind in _TYPES.items():
         value = state[key]
         if isinstance(value, bool) or not isinstance(value, kind):
@@ -152,6 +159,46 @@ def _check_form(state: Any) -> None:
             msg = f"state['seeds'][{i}] must be [owner, seed, drawn] (got {slot!r})"
             raise _fail(msg)
         integer(slot[1], f"state['seeds'][{i}][1]", 0, 2**64 - 1)
+
+
+def _check_digests(stages: Sequence[Any], state: dict[str, Any]) -> None:
+    """Refuse seeds and records that do not match the state's digests: changed after
+    ``state_dict()`` gave them, or taken from another state (see :mod:`pipeflow._seal`)."""
+    sums = state["digests"]
+    optional = {"source"} if "source" in state else set()
+    record_keys(sums, "state['digests']", {"seeds", "stages", *optional}, set())
+    pipeline, epoch, position = state["pipeline"], state["epoch"], state["position"]
+    if sums["seeds"] != digest("seeds", pipeline, state["seeds"]):
+        msg = (
+            "state['seeds'] do not match the state's digest: they were changed after "
+            "state_dict() gave them, and the rest of the epoch would draw other numbers"
+        )
+        raise _fail(msg)
+    names = {str(flat_index(stages, i)): s.name for i, s in enumerate(stages)}
+    kept = sums["stages"]
+    if not isinstance(kept, dict) or set(kept) != set(state["stages"]):
+        msg = (
+            "state['stages'] does not hold the records the state was taken with (its "
+            f"digests name the stages at {sorted(kept) if isinstance(kept, dict) else kept!r}, "
+            f"the records {sorted(state['stages'])})"
+        )
+        raise _fail(msg)
+    moment = (
+        "it was changed after state_dict() gave it, or it comes from another state (another "
+        "pipeline, epoch or position: a record holds where its stage stood at the state's "
+        "epoch and position, which are bound to it)"
+    )
+    for key, record in state["stages"].items():
+        if kept[key] != digest("stage", pipeline, key, epoch, position, record):
+            msg = (
+                f"state['stages'][{key!r}] (stage {names.get(key, '?')!r}) does not match the "
+                f"state's digest: {moment}"
+            )
+            raise _fail(msg)
+    if "source" in state and sums["source"] != digest(
+        "source", pipeline, epoch, position, state["source"]
+    ):
+        raise _fail(f"state['source'] does not match the state's digest: {moment}")
 
 
 def _kind(kind: Any) -> str:
@@ -239,13 +286,13 @@ def _check_records(
             raise _fail(msg)
         records[by_flat[flat]] = record
     out: dict[int, Any] = {}
-    k: int | None = state["position"]  # outputs of stage i consumed, from the last stage up
+    k: int = state["position"]  # outputs of stage i consumed, from the last stage up
     for i in range(len(stages) - 1, -1, -1):
         where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
         if i in records:
             out[i] = stages[i].check_record(records[i], where, k, totals[i])
-            k = out[i].get("inputs")  # what it took of its inputs (None: out of order)
-        elif k is not None:
+            k = taken(out[i])  # what it took of its inputs
+        else:
             answer = stages[i].resumption(k, None)
             if answer.kind == "recorded" and k > 0:  # without it the rest can't be told
                 msg = (
@@ -253,7 +300,7 @@ def _check_records(
                     "were consumed"
                 )
                 raise _fail(msg)
-            k = answer.inputs if answer.kind == "below" else None
+            k = answer.inputs if answer.kind == "below" else 0  # replayed from the start
     return out
 
 

@@ -9,7 +9,9 @@ from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._budget import budget_batch
+from pipeflow._context import Context
 from pipeflow._plan import Batches, Positions
+from pipeflow._restarts import Clean, Restarting
 from pipeflow._stage import Stage
 
 __all__ = ["batch", "unbatch"]
@@ -124,8 +126,14 @@ def unbatch() -> Stage[Iterable[T], T]:
         >>> list(pf.from_iterable([[1, 2], [3]]) | pf.unbatch())
         [1, 2, 3]
     """
-    return Stage(_unbatch, "unbatch")
+    return Restarting(_unbatch, "unbatch", {})
 
 
-def _unbatch(batches: Iterable[Iterable[T]]) -> Iterator[T]:
-    return itertools.chain.from_iterable(batches)
+def _unbatch(batches: Iterable[Iterable[T]], context: Context, stats: Any) -> Iterator[Any]:
+    """Every batch's items; before each batch, a restart point (a resumed pass restarts at
+    the batch the consumer stood in, and skips the items of it that were consumed)."""
+    read = context.offset
+    for batch in batches:
+        yield Clean(read)
+        read += 1
+        yield from batch

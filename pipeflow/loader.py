@@ -18,7 +18,7 @@ from pipeflow._random import DrawnSeed
 from pipeflow._seeds import replaced, slots
 from pipeflow._stage import Source, Stage, or_stranger
 from pipeflow._state_check import Loaded, check
-from pipeflow.state import Progress, flat_index, light, take
+from pipeflow.state import Progress, flat_index, light, reread_after_unordered, take
 from pipeflow.stats import LoaderRecord, Stats
 
 __all__ = ["Context", "Loader", "Source"]
@@ -80,6 +80,9 @@ class Loader(Generic[Out]):
             raise TypeError(msg)
         self._source = source
         self._stages = _flat_stages(stages)
+        why = reread_after_unordered(self._stages)
+        if why is not None:  # refused now, not at the job's first checkpoint
+            raise ValueError(f"Loader: {why}")
         # Whether its items can only be a dataset's indices, unread (pf.fetch forgotten): the
         # first item of a pass is then checked, until one warns (see _hints.unread_indices).
         self._unread = unread_indices(source, self._stages)

@@ -4,7 +4,7 @@ A state is a small JSON-serialisable dict (when the user's objects' states are):
 
 ```python
 {
-    "pipeflow_state": 2,              # the format's version
+    "pipeflow_state": 3,              # the format's version
     "epoch": 3,                       # the epoch to resume
     "position": 1200,                 # outputs of that epoch already consumed
     "length": 782,                    # outputs per epoch, when known
@@ -12,6 +12,7 @@ A state is a small JSON-serialisable dict (when the user's objects' states are):
     "seeds": [["shuffle", 0, False]],  # every seed: its stage, value, drawn by pipeflow?
     "stages": {"4": {"prefix": 8000, "extras": [8003, 8010]}},  # the stages' records
     "source": {"at": 1200, "object": ..., "iterator": ...},  # the source's, if it keeps one
+    "digests": {"seeds": "9f0c...", "stages": {"4": "1be2..."}, "source": "77a0..."},
 }
 ```
 
@@ -20,7 +21,9 @@ compared when a state is loaded (:mod:`pipeflow._state_check`), and anything tha
 refused by name; seeds pipeflow drew itself travel in the state and a freshly built loader
 adopts them (:mod:`pipeflow._seeds`), so a new process resumes. Runtime knobs (workers,
 backends, in-flight bounds) are not part of it: a map-style pipeline resumes with any worker
-count.
+count. The ``digests`` bind the seeds and every record to the pipeline, and every record to
+the epoch and position it was taken at (:mod:`pipeflow._seal`): a record changed after
+``state_dict()`` gave it, or taken from another state, is refused at load.
 
 Each stage says how its first ``k`` outputs are skipped, through one method,
 :meth:`pipeflow.Stage.resumption`, which answers with a :class:`Resume`:
@@ -59,16 +62,34 @@ from __future__ import annotations
 
 import itertools
 import operator
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeflow._random import DrawnSeed
+from pipeflow._seal import digest
 from pipeflow._seeds import MASK, replaced, slots
 
-__all__ = ["VERSION", "Plan", "Progress", "Resume", "fingerprint", "plan", "seeds", "take"]
+__all__ = [
+    "READS",
+    "VERSION",
+    "Kept",
+    "Plan",
+    "Progress",
+    "Resume",
+    "digests",
+    "fingerprint",
+    "plan",
+    "seeds",
+    "take",
+]
 
-VERSION = 2
+VERSION = 3
+#: The formats :func:`pipeflow._state_check.check` reads: format 2 (pipeflow before the
+#: digests) is checked as it was, without them.
+READS = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class Resume:
 
     kind: Literal["below", "seek", "replay", "recorded"]
     inputs: int = 0
+    #: A recorded stage that delivers out of order (an unordered ``parallel_map``).
+    unordered: bool = False
 
     @staticmethod
     def below(inputs: int) -> Resume:
@@ -94,10 +117,11 @@ class Resume:
         return Resume("replay")
 
     @staticmethod
-    def recorded() -> Resume:
+    def recorded(unordered: bool = False) -> Resume:
         """The stage records in each pass what resuming it needs (see :class:`Delivery`,
-        :class:`Drops`); a state holds that record's :meth:`after`."""
-        return Resume("recorded")
+        :class:`Drops`); a state holds that record's :meth:`after`. *unordered*: it
+        delivers out of order (its record is a :class:`Delivery`)."""
+        return Resume("recorded", unordered=unordered)
 
 
 class Delivery:
@@ -179,6 +203,55 @@ class Drops:
             )
             raise ValueError(msg)
         return checked
+
+
+class Kept:
+    """What a stage that keeps some of its inputs and drops the others (``filter``) did in
+    one pass: its first *consumed* outputs took ``offset + consumed`` inputs, and the ones it
+    dropped before its output ``consumed + 1``; a resumed pass skips exactly those.
+
+    The drops are kept as runs (how many outputs were made before a run of drops, and the
+    drops up to its end), two ``array('q')``: 16 bytes per run, nothing per kept item.
+
+    Examples:
+        >>> k = Kept(offset=10)
+        >>> for keep in (False, False, True, True, True, False):
+        ...     k.note(keep)
+        >>> k.after(0), k.after(2), k.after(3)
+        ({'inputs': 12}, {'inputs': 14}, {'inputs': 16})
+    """
+
+    __slots__ = ("drops", "made", "offset", "outputs")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.made = 0  # outputs of the pass so far (an item whose test raised is one)
+        self.outputs = array("q")  # outputs made before each run of drops
+        self.drops = array("q")  # drops up to the end of each run
+
+    def note(self, kept: bool) -> None:
+        """One input, kept (an output, or an error in its place) or dropped."""
+        if kept:
+            self.made += 1
+        elif self.outputs and self.outputs[-1] == self.made:
+            self.drops[-1] += 1
+        else:
+            self.outputs.append(self.made)
+            self.drops.append((self.drops[-1] if self.drops else 0) + 1)
+
+    def after(self, consumed: int) -> dict[str, Any]:
+        """The inputs the first *consumed* outputs of the pass took (with the drops before
+        the next output: dropping them again would give the same). Past the outputs made
+        (a ``batch`` after it counts its last, short batch as full), all it read."""
+        consumed = min(consumed, self.made)
+        i = bisect_right(self.outputs, consumed)
+        return {"inputs": self.offset + consumed + (self.drops[i - 1] if i else 0)}
+
+    @staticmethod
+    def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
+        """Refuse a record :meth:`after` could not have made (see :func:`check_inputs`)."""
+        checked = check_inputs(record, where, None, total)
+        return {"inputs": checked["inputs"]}
 
 
 def check_inputs(
@@ -382,7 +455,25 @@ def take(
     }
     if kept is not None:
         state["source"] = kept
+    state["digests"] = digests(state)
     return state
+
+
+def digests(state: dict[str, Any]) -> dict[str, Any]:
+    """The digests that bind *state*'s seeds and records to its pipeline, and its records to
+    its epoch and position (see :mod:`pipeflow._seal`): ``{"seeds": ..., "stages": {key:
+    ...}, "source": ...}``."""
+    pipeline, epoch, position = state["pipeline"], state["epoch"], state["position"]
+    out: dict[str, Any] = {
+        "seeds": digest("seeds", pipeline, state["seeds"]),
+        "stages": {
+            key: digest("stage", pipeline, key, epoch, position, record)
+            for key, record in state["stages"].items()
+        },
+    }
+    if "source" in state:
+        out["source"] = digest("source", pipeline, epoch, position, state["source"])
+    return out
 
 
 def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict[str, Any] | None:
@@ -405,6 +496,13 @@ def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict
     return out
 
 
+def taken(record: dict[str, Any]) -> int:
+    """How many of its stage's inputs a record's outputs took: its ``inputs``; for an
+    out-of-order stage, its ``prefix`` (the stage resumes numbering its inputs there, and
+    passes over the ``extras`` it had delivered after it)."""
+    return int(record["inputs"] if "inputs" in record else record["prefix"])
+
+
 def _carried(progress: Progress) -> dict[int, Any]:
     """What a finished pass's recording stages carry into the next epoch (a stateful
     dataset's state, persistent workers' states), by stage position."""
@@ -421,28 +519,48 @@ def _recorded(stages: Sequence[Any], progress: Progress) -> dict[int, Any]:
     """What the recording stages of a pass in progress hold, by stage position.
 
     Walks from the last stage up, turning the outputs the consumer took into each stage's
-    inputs taken, so every record is read at the count of its own outputs consumed.
+    inputs taken, so every record is read at the count of its own outputs consumed. Above
+    a stage that a resumed pass replays or that seeks (it re-reads its input from the
+    epoch's start), every record is read at 0: where its stage stood at the pass's start.
     """
     records: dict[int, Any] = {}
-    consumed: int | None = progress.delivered  # outputs of stage i taken, from the end
+    consumed = progress.delivered  # outputs of stage i taken, from the end
     for i in range(len(stages) - 1, -1, -1):
         record = progress.deliveries.get(i)
         if record is not None:
-            if consumed is None:
-                msg = (
-                    f"state_dict: stage {stages[i].name!r} records what it delivered, and "
-                    "a stage after it is not a map or a batch, so what was consumed can't "
-                    "be told; use ordered=True, or move that stage before it"
-                )
-                raise ValueError(msg)
             saved = record.after(consumed)
             records[i] = saved
-            consumed = saved.get("inputs")  # None above an out-of-order stage
+            consumed = taken(saved)
             continue
-        if consumed is not None:
-            answer = stages[i].resumption(consumed, None)
-            consumed = answer.inputs if answer.kind == "below" else None
+        answer = stages[i].resumption(consumed, None)
+        consumed = answer.inputs if answer.kind == "below" else 0
     return records
+
+
+def reread_after_unordered(stages: Sequence[Any]) -> str | None:
+    """Why no state of *stages* could be taken mid-epoch, or ``None``: a stage that
+    delivers out of order (an unordered ``parallel_map``) with a stage after it that a
+    resumed pass replays or that seeks (it re-reads its input from the epoch's start, and
+    the out-of-order stage would deliver it in another order)."""
+    for i, s in enumerate(stages):
+        if not s.resumption(1, None).unordered:
+            continue
+        for later in stages[i + 1 :]:
+            kind = later.resumption(1, None).kind
+            if kind in ("seek", "replay"):
+                why = (
+                    "it reads the whole epoch first"
+                    if kind == "seek"
+                    else "what it made is only known by running it"
+                )
+                return (
+                    f"{s.name} (stage {i + 1}) delivers out of order, and {later.name} after "
+                    f"it reads its input again from the epoch's start when a pass resumes "
+                    f"({why}), which would come in another order: no state of this pipeline "
+                    f"could be taken mid-epoch. Use ordered=True, or put {later.name} before "
+                    f"{s.name}"
+                )
+    return None
 
 
 # -- the pieces a pass runs --------------------------------------------------------------------

@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow import _checks
+from pipeflow._context import Context, Hooks
 from pipeflow._stage import Stage
+from pipeflow.state import Kept, Resume
 
 __all__ = ["filter", "map", "random_map"]
 
@@ -40,7 +42,8 @@ def filter(predicate: Callable[[T], Any]) -> Stage[T, T]:
     """Keep the items for which *predicate* is true.
 
     The loader loses its ``len()`` after a filter: how many items pass is only known by
-    running it.
+    running it. A state taken after it records how many inputs its outputs took, so a
+    resumed pass neither tests nor reads again what was consumed.
 
     Raises:
         TypeError: if *predicate* is not callable.
@@ -51,11 +54,52 @@ def filter(predicate: Callable[[T], Any]) -> Stage[T, T]:
         [0, 2, 4]
     """
     _checks.function("filter", "predicate", predicate)
-    return Stage(_filter, "filter", {"predicate": predicate})
+    return _Filter(_filter, "filter", {"predicate": predicate})
 
 
-def _filter(items: Iterable[T], predicate: Callable[[T], Any]) -> Iterator[T]:
-    return builtins.filter(predicate, items)
+class _Filter(Stage[T, T]):
+    """A filter: what its outputs took of its inputs is in the pass's record (:class:`Kept`)."""
+
+    __slots__ = ()
+
+    def apply(
+        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    ) -> Iterator[T]:
+        record = hooks.record if hooks is not None else None
+        return _filter(upstream, self._config["predicate"], record)
+
+    def resumption(self, k: int, context: Context | None) -> Resume:
+        """Its first *k* outputs took the inputs its record says."""
+        return Resume.recorded()
+
+    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Kept:
+        return Kept(context.offset)
+
+    def check_record(
+        self, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        return Kept.check(record, where, consumed, total)
+
+
+def _filter(
+    items: Iterable[T], predicate: Callable[[T], Any], record: Kept | None = None
+) -> Iterator[T]:
+    """``builtins.filter`` (which goes on after the predicate raised: the item's error is
+    its output), noting each drop in *record*."""
+    if record is None:
+        return builtins.filter(predicate, items)
+    note = record.note
+
+    def judged(item: T) -> Any:
+        try:
+            keep = predicate(item)
+        except BaseException:
+            note(True)  # its error is its output
+            raise
+        note(bool(keep))
+        return keep
+
+    return builtins.filter(judged, items)
 
 
 def random_map(

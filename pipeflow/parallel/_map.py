@@ -48,7 +48,7 @@ class ParallelMap(Stage[T, U]):
     def resumption(self, k: int, context: Context | None) -> Resume:
         """In order, the first *k* results are those of the first *k* items; out of order,
         the pass records what it delivered."""
-        return Resume.below(k) if self._config["settings"].ordered else Resume.recorded()
+        return Resume.below(k) if self._config["settings"].ordered else Resume.recorded(True)
 
     def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
         """What this pass delivered (out of order: which items) and, with workers, the
