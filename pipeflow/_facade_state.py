@@ -10,7 +10,11 @@ A DataLoader's state is its pipeline's state (:meth:`pipeflow.Loader.state_dict`
   so the resumed pass draws the same order;
 - ``"base_seed"``: persistent workers' base seed, drawn once for all epochs, and
   ``"draws_base_seed"``: whether the next pass draws one (as the pass it resumes did: its
-  draws from the generators are then the same as the uninterrupted run's).
+  draws from the generators are then the same as the uninterrupted run's);
+- ``"digest"``: binds the generators and the base seed to the pipeline's state (its epoch,
+  position and digests, see :mod:`pipeflow._seal`): a generator state changed after
+  ``state_dict()`` gave it, or taken from another state, would draw another order, and is
+  refused.
 
 :func:`check` checks all of it, and the pipeline's part, before anything changes.
 """
@@ -26,12 +30,15 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
 from pipeflow._samplers import describe_sampler
+from pipeflow._seal import digest
 from pipeflow._stage import _short
 from pipeflow.state import integer, record_keys
 
-__all__ = ["VERSION", "check", "generators", "identity", "set_generators"]
+__all__ = ["VERSION", "check", "check_digest", "digest_of", "generators", "identity", "set_generators"]
 
-VERSION = 2
+VERSION = 3
+#: The formats :func:`check` reads: format 2 (before the digest) is checked without it.
+_READS = (2, 3)
 
 
 def _fail(msg: str) -> ValueError:
@@ -103,10 +110,11 @@ def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | No
             f"state_dict(), with pipeflow_dataloader={VERSION})"
         )
         raise _fail(msg)
-    if state["pipeflow_dataloader"] != VERSION:
+    version = state["pipeflow_dataloader"]
+    if isinstance(version, bool) or version not in _READS:
         msg = (
-            f"the state is in format {state['pipeflow_dataloader']!r}, and this pipeflow reads "
-            f"format {VERSION}: take the state again with this version"
+            f"the state is in format {version!r}, and this pipeflow reads formats "
+            f"{', '.join(map(str, _READS))}: take the state again with this version"
         )
         raise _fail(msg)
     keys = {
@@ -117,7 +125,9 @@ def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | No
         "base_seed",
         "draws_base_seed",
     }
-    record_keys(state, "the state", keys, set())
+    record_keys(state, "the state", keys | ({"digest"} if version == VERSION else set()), set())
+    if not isinstance(state["loader"], dict):
+        raise _fail(f"state['loader'] must be a dict (got {type(state['loader']).__name__})")
     _check_identity(identity(dl), state["dataloader"])
     gens = state["generators"]
     record_keys(gens, "state['generators']", {"generator", "sampler"}, set())
@@ -139,6 +149,31 @@ def check(dl: Any, state: Any) -> tuple[dict[str, torch.Tensor | None], int | No
         )
         raise _fail(msg)
     return out, seed, draws
+
+
+def check_digest(state: dict[str, Any]) -> None:
+    """Refuse generators and a base seed that do not match the state's digest (after
+    :func:`check`, and the pipeline's check, said what they could in their own words)."""
+    if state["pipeflow_dataloader"] == VERSION and state["digest"] != digest_of(state):
+        msg = (
+            "state['generators'], state['base_seed'] or state['draws_base_seed'] do not match "
+            "the state's digest: they were changed after state_dict() gave them, or come from "
+            "another state (the resumed pass would draw another order)"
+        )
+        raise _fail(msg)
+
+
+def digest_of(state: dict[str, Any]) -> str:
+    """The digest binding a DataLoader state's generators and base seed to its pipeline's
+    state (its epoch, position and digests)."""
+    loader = state["loader"]
+    return digest(
+        "dataloader",
+        [loader.get(k) for k in ("pipeline", "epoch", "position", "digests")],
+        state["generators"],
+        state["base_seed"],
+        state["draws_base_seed"],
+    )
 
 
 def _check_identity(here: dict[str, Any], there: Any) -> None:

@@ -353,7 +353,7 @@ class DataLoader(tud.DataLoader[T_co]):
             gens, draws = self._pf_rng_at_start, self._pf_pass_draws
         else:  # the next pass draws its workers' base seed unless it reuses persistent ones
             gens, draws = _facade_state.generators(self), not self._reuses_base_seed()
-        return {
+        state = {
             "pipeflow_dataloader": _facade_state.VERSION,
             "dataloader": _facade_state.identity(self),
             "loader": position,
@@ -361,6 +361,8 @@ class DataLoader(tud.DataLoader[T_co]):
             "base_seed": self._pf_base_seed if self.persistent_workers else None,
             "draws_base_seed": draws,
         }
+        state["digest"] = _facade_state.digest_of(state)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter()`` yield exactly the rest of the epoch *state* was taken in,
@@ -377,6 +379,7 @@ class DataLoader(tud.DataLoader[T_co]):
         gens, base_seed, draws = _facade_state.check(self, state)
         loader = self.pipeline()
         loaded = loader.check_state(state["loader"])
+        _facade_state.check_digest(state)
         loader.apply_state(loaded)
         _facade_state.set_generators(self, gens)
         self._pf_rng_at_start = None

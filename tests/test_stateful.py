@@ -118,7 +118,7 @@ def test_a_truncated_or_foreign_state_gets_a_clear_error() -> None:
     state = _state()
     for bad, words in [
         ({k: v for k, v in state.items() if k != "generators"}, "lacks the key 'generators'"),
-        ({**state, "pipeflow_dataloader": 1}, "format 1, and this pipeflow reads format 2"),
+        ({**state, "pipeflow_dataloader": 1}, "format 1, and this pipeflow reads formats 2, 3"),
         ([], "not a pipeflow.DataLoader state"),
         ({**state, "generators": {"generator": "AAAA", "sampler": None}}, "holds 3 bytes"),
     ]:
