@@ -217,6 +217,7 @@ class Kept:
         >>> k = Kept(offset=10)
         >>> for keep in (False, False, True, True, True, False):
         ...     k.note(keep)
+        ...
         >>> k.after(0), k.after(2), k.after(3)
         ({'inputs': 12}, {'inputs': 14}, {'inputs': 16})
     """
