@@ -373,28 +373,32 @@ def check_workers(record: Any, where: str, workers: int | None) -> dict[int, dic
 
 
 def map_record_inline(
-    record: Any, where: str, consumed: int | None, total: int | None
+    record: Any, where: str, consumed: int | None, total: int | None, stateful: bool = False
 ) -> dict[str, Any]:
     """A :class:`MapRecord` in order, for the same stages run in line: how many items it
-    took (refused when it holds the workers' copies of a stateful dataset)."""
+    took (refused when it holds the workers' copies of a stateful dataset, or when the
+    stages read a stateful dataset, *stateful*, whose copies the workers had)."""
+    if isinstance(record, dict) and "workers" in record:
+        workers = check_workers(record["workers"], f"{where}['workers']", None)
+        same_workers(workers, 0, where, stateful)
     out = check_inputs(record, where, None, total, {"workers"})
     if consumed is not None and out["inputs"] > consumed:
         msg = f"load_state_dict: {where} took more items than the state's position says"
         raise ValueError(msg)
-    if "workers" in record:
-        workers = check_workers(record["workers"], f"{where}['workers']", None)
-        same_workers(workers, 0, where)
     return {"inputs": out["inputs"]}
 
 
-def same_workers(workers: dict[int, Any], count: int, where: str) -> None:
-    """Refuse workers' states of the user's objects from another number of workers."""
+def same_workers(workers: dict[int, Any], count: int, where: str, stateful: bool = False) -> None:
+    """Refuse workers' states of the user's objects from another number of workers (or any
+    workers' record from another number, where the stage reads a stateful dataset whose
+    copies the workers own: *stateful*). ``{}``: a record from a run without workers."""
     if len(workers) == count:
         return
-    if any(any(k in (w["state"] or {}) for k in _USERS) for w in workers.values()):
+    if stateful or any(any(k in (w["state"] or {}) for k in _USERS) for w in workers.values()):
         msg = (
-            f"load_state_dict: {where} holds the states of {len(workers)} workers' copies of "
-            f"the dataset, and this stage has {count} workers: each copy's state belongs to "
-            f"its worker; resume with {len(workers)} workers"
+            f"load_state_dict: {where}: the state was taken with {len(workers)} workers, and "
+            f"this loader has {count}: the dataset's state belongs to each worker's copy; "
+            f"resume with num_workers={len(workers)} (pf.DataLoader) or "
+            f"workers={len(workers)} (parallel_map)"
         )
         raise ValueError(msg)

@@ -92,6 +92,10 @@ class _Fetch(Stage[Any, Any]):
     ) -> dict[str, Any]:
         if not is_stateful(self._dataset):
             return super().check_record(record, where, consumed, total)
+        if isinstance(record, dict) and "workers" in record:  # a parallel_map's, with workers
+            from pipeflow._state_check import map_record_inline
+
+            return map_record_inline(record, where, consumed, total, stateful=True)
         checked = check_inputs(
             record, where, consumed, total, {"at", "object", "iterator", "early"}
         )

@@ -53,13 +53,25 @@ class ParallelMap(Stage[T, U]):
     def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
         """What this pass delivered (out of order: which items) and, with workers, the
         workers' states as of each output (see :mod:`pipeflow.parallel._states`)."""
-        return MapRecord(self._config["settings"], context, saved)
+        config: Settings = self._config["settings"]
+        own = config.workers == 0 or config.backend in ("process", "ray")  # not threads'
+        owned = own and self._stateful()
+        return MapRecord(config, context, saved, owned)
 
     def check_record(
         self, record: Any, where: str, consumed: int | None, total: int | None
     ) -> dict[str, Any]:
         """A :class:`MapRecord`'s (see :func:`check_map_record`)."""
-        return check_map_record(self._config["settings"], record, where, consumed, total)
+        config = self._config["settings"]
+        return check_map_record(config, record, where, consumed, total, self._stateful())
+
+    def _stateful(self) -> bool:
+        """Whether *fn*'s stages read a stateful dataset (each process worker its own copy)."""
+        from pipeflow._objects import is_stateful
+
+        fn = self._config["fn"]
+        stages = fn.stages if isinstance(fn, Stage) else ()
+        return any(is_stateful(s.dataset) for s in stages if s.dataset is not None)
 
     def identity(self) -> list[str]:
         """What resumption compares: the work and the delivery order, not the workers.

@@ -24,6 +24,7 @@ __all__ = [
     "MapRecord",
     "SourceRecord",
     "check_map_record",
+    "check_rngs",
     "check_source_record",
 ]
 
@@ -38,6 +39,11 @@ def _restores(saved: dict[int, dict[str, Any]] | None, workers: int) -> list[Any
     ]
 
 
+def _replica(worker: dict[str, Any]) -> Any:
+    """The record of a ``parallel_source`` worker's replica in its saved state, if any."""
+    return (worker.get("state") or {}).get("replica")
+
+
 def _parsed(saved: Any, workers: int) -> dict[int, dict[str, Any]] | None:
     """A checked ``"workers"`` record, keyed by worker id (``None`` when there is none)."""
     if not saved:
@@ -45,13 +51,28 @@ def _parsed(saved: Any, workers: int) -> dict[int, dict[str, Any]] | None:
     return {int(w): v for w, v in saved.items() if int(w) < workers}
 
 
+#: The keys of the record of a stateful dataset's ``fetch`` run without workers.
+_INLINE = frozenset(("at", "object", "iterator", "early"))
+
+
 class MapRecord:
     """A ``parallel_map``'s record of one pass (see the module's text)."""
 
-    __slots__ = ("delivery", "offset", "order", "persistent", "restores", "states")
+    __slots__ = ("delivery", "offset", "order", "owned", "persistent", "restores", "states")
 
-    def __init__(self, settings: Settings, context: Context, saved: dict[str, Any] | None):
+    def __init__(
+        self,
+        settings: Settings,
+        context: Context,
+        saved: dict[str, Any] | None,
+        owned: bool = False,
+    ):
+        """*owned*: the stages read a stateful dataset, and each worker (a process, a Ray
+        actor) owns a copy, or there are no workers: a state then always names how many
+        workers it was taken with (``{}``: none), even before any reported its copy's
+        state, for a resumed pass with another number refuses it."""
         self.offset = context.offset
+        self.owned = owned
         self.persistent = settings.persistent
         self.delivery: Delivery | None = None
         if not settings.ordered:
@@ -97,25 +118,37 @@ class MapRecord:
             out = self.delivery.after(consumed)
         else:
             out = {"inputs": self.offset + consumed}
+        if self.states is None and self.owned:
+            out["workers"] = {}  # taken without workers
         if self.states is not None:
             workers = self.states.as_json(self.taken(consumed))
-            if any(w["state"] for w in workers.values()):
+            if self.owned or any(w["state"] for w in workers.values()):
                 out["workers"] = workers
         return out
 
 
 def check_map_record(
-    settings: Settings, record: Any, where: str, consumed: int | None, total: int | None
+    settings: Settings,
+    record: Any,
+    where: str,
+    consumed: int | None,
+    total: int | None,
+    stateful: bool = False,
 ) -> dict[str, Any]:
     """Refuse a record a :class:`MapRecord` could not have made, or whose workers' states
-    can't be given to this stage's workers; return it as the next pass gets it."""
+    can't be given to this stage's workers; return it as the next pass gets it. *stateful*:
+    the stage reads a stateful dataset (a record from another number of workers that owned
+    copies of it is refused, even before they reported their copies' states)."""
+    if isinstance(record, dict) and _INLINE.intersection(record) and settings.workers:
+        # a stateful dataset's record, from the same stages run without workers (fetch)
+        same_workers({}, settings.workers, where, stateful=True)
     if isinstance(record, dict) and "prefix" in record:
         record_keys(record, where, {"prefix", "extras"}, {"workers"})
         out = Delivery.check(
             {"prefix": record["prefix"], "extras": record["extras"]}, where, consumed, total
         )
     else:
-        fields = {"workers", "at", "object", "iterator"}
+        fields = {"workers", *_INLINE}
         out = check_inputs(record, where, None, total, fields)
         if consumed is not None and out["inputs"] > consumed:
             msg = (
@@ -125,15 +158,15 @@ def check_map_record(
             raise ValueError(msg)
         if out.get("object") is not None:  # a dataset's state, from a run without workers
             msg = (
-                f"load_state_dict: {where} holds the state of the dataset as a run without "
-                f"workers left it, and this parallel_map has {settings.workers}: one state "
-                "can't be given to several copies of the dataset; resume with num_workers=0"
+                f"load_state_dict: {where} holds the state of the dataset as fetch without "
+                "workers left it, and a parallel_map with workers=0 does not restore a "
+                "dataset's state: resume with the stages run without parallel_map"
             )
             raise ValueError(msg)
         out = {"inputs": out["inputs"]}
     if "workers" in record:
         workers = check_workers(record["workers"], f"{where}['workers']", None)
-        same_workers(workers, settings.workers, where)
+        same_workers(workers, settings.workers, where, stateful)
         if len(workers) == settings.workers:
             out["workers"] = record["workers"]
     return out
@@ -149,6 +182,14 @@ class SourceRecord:
         self.persistent = settings.persistent
         self.start = start  # the source's items in the epoch before this pass
         base = _parsed((saved or {}).get("workers"), self.workers)
+        if base:
+            # That a worker ran out is known for sure from its replica's record (its pass
+            # done, at position 0). One that has none is asked again: its replica reads its
+            # count of items again and finds its end (or, had it not ended, the rest).
+            base = {
+                w: {**v, "ended": False} if v["ended"] and not _replica(v) else v
+                for w, v in base.items()
+            }
         self.states = WorkerStates(self.workers, base)
         self.restores = _restores(base, self.workers)
         self.turn = (saved or {}).get("turn", 0)
@@ -217,4 +258,111 @@ def check_source_record(settings: Settings, record: Any, position: int) -> dict[
             f"items delivered by its workers, but the state's position stands for {position}"
         )
         raise ValueError(msg)
+    check_worker_states(record, where)
     return dict(record)
+
+
+def check_worker_states(record: dict[str, Any], where: str) -> None:
+    """Refuse what a ``parallel_source`` worker's state holds that its worker could not
+    restore (checked :func:`check_source_record`'s *record*): the state is ``{"replica":
+    ..., "rng": ...}``, its replica's position the worker's count (a worker that ran out:
+    0, the start of its next pass). The replica's records are the loader's to check
+    (:func:`pipeflow._state_check.check_pass_record`)."""
+    for w, worker in record["workers"].items():
+        state = worker["state"]
+        if state is None:  # the replica reads its count of items again
+            continue
+        place = f"{where}['workers'][{w!r}]"
+        record_keys(state, f"{place}['state']", set(), {"replica", "rng"})
+        if "rng" in state:
+            check_rngs(state["rng"], f"{place}['state']['rng']")
+        replica = state.get("replica")
+        if replica is None:
+            continue
+        at = f"{place}['state']['replica']"
+        record_keys(replica, at, {"position"}, {"stages", "source"})
+        count, position = worker["count"], replica["position"]
+        if worker["ended"]:
+            if position != 0 or replica.get("stages"):
+                msg = (
+                    f"load_state_dict: {at} says worker {w}'s stream stands at its item "
+                    f"{position!r}, but {place}['ended'] says it ran out: a worker that ran "
+                    "out starts its next pass afresh (position 0, no stage records)"
+                )
+                raise ValueError(msg)
+            continue
+        if (
+            isinstance(position, bool)
+            or not isinstance(position, int)
+            or not 0 <= position <= count
+        ):
+            msg = (
+                f"load_state_dict: {at}['position'] must be an integer between 0 and {count} "
+                f"(worker {w}'s count of items delivered, {place}['count']; got {position!r})"
+            )
+            raise ValueError(msg)
+        if position != count:
+            msg = (
+                f"load_state_dict: {at}['position'] is {position}, but {place}['count'] says "
+                f"worker {w} delivered {count} items: its replica would resume at its item "
+                f"{position} and deliver {count - position} of them again"
+            )
+            raise ValueError(msg)
+
+
+def check_rngs(saved: Any, where: str) -> None:
+    """Refuse a worker's saved global generators (:func:`pipeflow._rngs.capture`) that it
+    could not restore: each is set on a generator of its own here, as the worker would."""
+    if not isinstance(saved, dict):
+        msg = f"load_state_dict: {where} must be a dict (got {type(saved).__name__})"
+        raise ValueError(msg)
+    record_keys(saved, where, set(), {"torch", "random", "numpy"})
+    for kind, value in saved.items():
+        try:
+            _RESTORE[kind](value)
+        except Exception as e:
+            msg = (
+                f"load_state_dict: {where}[{kind!r}] is not a state of {_NAMES[kind]} "
+                f"({type(e).__name__}: {e})"
+            )
+            raise ValueError(msg) from None
+
+
+def _torch_rng(value: Any) -> None:
+    import base64
+    import binascii
+
+    if not isinstance(value, (str, bytes)):
+        msg = f"expected base64 text, got {type(value).__name__}"
+        raise TypeError(msg)
+    try:
+        raw = value if isinstance(value, bytes) else base64.b64decode(value, validate=True)
+    except binascii.Error as e:
+        raise ValueError(str(e)) from None
+    import torch  # a worker that restores it imports torch: its size is torch's
+
+    torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+def _random_rng(value: Any) -> None:
+    import random
+
+    version, words, gauss = value
+    random.Random().setstate((version, tuple(words), gauss))
+
+
+def _numpy_rng(value: Any) -> None:
+    import numpy as np
+
+    name, keys, pos, has_gauss, cached = value
+    np.random.RandomState().set_state(
+        (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)
+    )
+
+
+_RESTORE = {"torch": _torch_rng, "random": _random_rng, "numpy": _numpy_rng}
+_NAMES = {
+    "torch": "torch's global generator",
+    "random": "Python's random module",
+    "numpy": "numpy's global generator",
+}

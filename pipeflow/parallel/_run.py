@@ -24,10 +24,11 @@ from typing import Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure, WithDropped, ended
-from pipeflow.errors import WorkerDiedError, WorkerTimeoutError
+from pipeflow.errors import WorkerDiedError, WorkerTimeoutError, _add_note
 from pipeflow.parallel._kept import Kept, make_pool
 from pipeflow.parallel._protocol import Pool, held, named
 from pipeflow.parallel._settings import Settings
+from pipeflow.parallel._threads import DIED
 from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
 from pipeflow.state import numbered, recording
 
@@ -158,6 +159,10 @@ def _collect(pool: Pool, clock: _Clock, sender: _Sender, out: dict[int, Any]) ->
         got = pool.collect(clock.left())
     except WorkerDiedError as e:
         _name_lost(e, out, sender)
+        raise
+    except BaseException as e:
+        if getattr(e, DIED, None) is not None:  # a worker thread died of it: the pass ends
+            _add_note(e, f"pipeflow: parallel stage {pool.name!r}: not delivered: {held(out)}")
         raise
     if got is not None:
         return got

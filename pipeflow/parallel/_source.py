@@ -55,7 +55,7 @@ class _ParallelSource(Source[Any]):
         """A :class:`~pipeflow.parallel._records.SourceRecord`'s, from as many workers; the
         data each worker's replica stopped in must be as it was (a reader's shard)."""
         checked = check_source_record(self.config, record, position)
-        _verify_replicas(self.loader, checked)
+        _check_replicas(self.loader, checked)
         return checked
 
     def describe(self) -> str:
@@ -91,19 +91,25 @@ def _naming_positions(
     """*it*'s items; a worker's death names where that worker stood in its stream (the
     shard and sample its reader had reached), which the rest of its share starts from."""
     from pipeflow.errors import WorkerDiedError, _add_note
+    from pipeflow.parallel._threads import DIED
 
     made = 0
     try:
         for item in it:
             made += 1
             yield item
-    except WorkerDiedError as e:
-        if e.worker is not None:
-            state = record.states.after(made).get(e.worker, {}).get("state") or {}
-            where = stream_position(loader, state.get("replica"))
+    except BaseException as e:
+        # a worker process's death, or the error a worker thread died of
+        worker = e.worker if isinstance(e, WorkerDiedError) else getattr(e, DIED, None)
+        if isinstance(worker, int):
+            try:
+                state = record.states.after(made).get(worker, {}).get("state") or {}
+                where = stream_position(loader, state.get("replica"))
+            except Exception:  # naming where it stood must not hide the error itself
+                where = ""
             if where:
                 note = (
-                    f"pipeflow: parallel_source worker {e.worker} had delivered {where}; the "
+                    f"pipeflow: parallel_source worker {worker} had delivered {where}; the "
                     "rest of its share of the epoch was not delivered (a state taken before "
                     "this error resumes there)"
                 )
@@ -136,22 +142,32 @@ def stream_position(loader: Loader[Any], replica: Any) -> str:
     return ""
 
 
-def _verify_replicas(loader: Loader[Any], record: dict[str, Any]) -> None:
-    """Each worker's replica record, looked at by the stages that can tell whether their data
-    changed since (:func:`pipeflow._state_check.verify_data`)."""
-    from pipeflow._state_check import verify_data
-    from pipeflow.state import flat_index
+def _check_replicas(loader: Loader[Any], record: dict[str, Any]) -> None:
+    """Each worker's replica record, checked as a state's records are checked against the
+    loader each worker runs (its form, each stage's record, the source's), and looked at
+    by the stages that can tell whether their data changed since
+    (:func:`pipeflow._state_check.check_pass_record`). A worker with no record reads its
+    count of items again: refused where the loader can't skip them without one."""
+    from pipeflow._state_check import check_pass_record
 
-    stages = loader.stages
-    by_flat = {str(flat_index(stages, i)): i for i in range(len(stages))}
     for w, worker in record["workers"].items():
-        replica = (worker.get("state") or {}).get("replica") if isinstance(worker, dict) else None
-        kept = replica.get("stages") if isinstance(replica, dict) else None
-        if not isinstance(kept, dict):
+        place = f"state['source']['workers'][{w!r}]"
+        replica = (worker["state"] or {}).get("replica")
+        if replica is not None:
+            check_pass_record(loader.source, loader.stages, replica, f"{place}['state']['replica']")
             continue
-        records = {by_flat[k]: v for k, v in kept.items() if k in by_flat}
-        where = f"state['source']['workers'][{w!r}]['state']['replica']['stages']"
-        verify_data(loader.source, stages, records, where)
+        if not worker["count"]:
+            continue
+        try:
+            check_pass_record(loader.source, loader.stages, {"position": worker["count"]}, place)
+        except ValueError as e:
+            why = str(e).removeprefix("load_state_dict: ")
+            msg = (
+                f"load_state_dict: {place}['state'] holds no record of where worker {w}'s "
+                f"replica stood, and its loader can't skip the {worker['count']} items it "
+                f"delivered without one ({why})"
+            )
+            raise ValueError(msg) from None
 
 
 #: The stages that group items into batches: inside workers, each groups its own share.

@@ -10,18 +10,28 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from pipeflow.errors import WorkerDiedError, _add_note, annotate, is_annotated
 from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
 from pipeflow.parallel._reap import in_background
-from pipeflow.parallel._wire import Exhausted, Reply, Task, tasks
+from pipeflow.parallel._wire import Exhausted, Reply, Task, describe_item, tasks
 from pipeflow.parallel._worker import Snapshotter, SourceJob, WorkerSpec, restore_worker
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
-__all__ = ["ThreadPool"]
+__all__ = ["DIED", "ThreadPool"]
 
 _kind = operator.attrgetter("kind")  # of a Reply, over a list of them in C
+
+#: How often a wait for replies looks whether every worker thread still runs: one that ended
+#: without a word (it reports whatever it dies of, unless reporting fails too) ends the pass.
+_LOOK_EVERY = 0.5
+
+#: The attribute that marks the exception a worker thread died of (its worker id), so that
+#: ``parallel_source`` can name where that worker stood in its stream.
+DIED = "_pipeflow_thread_died"
 
 
 class ThreadPool(InProcessPool):
@@ -41,6 +51,7 @@ class ThreadPool(InProcessPool):
         self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
         self._rr = itertools.cycle(range(workers))
         self.threads: list[threading.Thread] = []
+        self.died = False  # a worker thread is gone: the pool is broken, its others joined
         LIVE.add(self)
 
     def _start(self, wid: int) -> None:
@@ -110,21 +121,76 @@ class ThreadPool(InProcessPool):
         return len(items)
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
-        try:
-            got: list[Reply] = [self.results.get(timeout=timeout)]
-        except queue.Empty:
+        first = self._wait(timeout)
+        if first is None:
             return None
+        got: list[Reply] = [first]
         while True:
             try:
                 got.append(self.results.get_nowait())
             except queue.Empty:
                 break
+        if "init" in map(_kind, got):  # a worker thread's last words: it failed to start, or died
+            self._raise_death(next(r for r in got if r.kind == "init"))
         out = self._mine_all(got)
         if "end" in map(_kind, out):  # source workers that ran out
             for reply in out:
                 if reply.kind == "end":
                     self.active[reply.worker] = False
         return out
+
+    def _wait(self, timeout: float | None) -> Reply | None:
+        """The next reply, or ``None`` after *timeout* (``None``: no limit). While it waits
+        it looks, every :data:`_LOOK_EVERY` seconds, whether a worker thread ended: one that
+        ended without a reply ends the pass with :class:`WorkerDiedError`, never a hang."""
+        get: Callable[..., Reply] = self.results.get
+        if timeout is not None and timeout <= _LOOK_EVERY:
+            try:
+                return get(timeout=timeout)
+            except queue.Empty:
+                return self._last_words()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = _LOOK_EVERY if deadline is None else deadline - time.monotonic()
+            try:
+                return get(timeout=max(0.0, min(wait, _LOOK_EVERY)))
+            except queue.Empty:
+                pass
+            last = self._last_words()
+            if last is not None or (deadline is not None and time.monotonic() >= deadline):
+                return last
+
+    def _last_words(self) -> Reply | None:
+        """Nothing came: if a worker thread has ended (none does before :meth:`close`), its
+        reply if it sent one just before, else a :class:`WorkerDiedError`; ``None`` while
+        every thread runs."""
+        dead = [w for w, t in enumerate(self.threads) if not t.is_alive()]
+        if not dead or self.closed:
+            return None
+        try:
+            last: Reply = self.results.get_nowait()
+        except queue.Empty:
+            pass
+        else:
+            return last
+        self.died = self.broken = True
+        msg = (
+            f"parallel stage {self.name!r}: thread worker {dead[0]} of {self.workers} ended "
+            "without a reply"
+        )
+        error = WorkerDiedError(msg)
+        error.worker = dead[0]  # parallel_source names where the worker stood in its stream
+        raise error
+
+    def _raise_death(self, reply: Reply) -> None:
+        """Raise what a worker thread's last reply says: its ``worker_init`` (or set-up)
+        failed (``pass_id`` ``None``), or it died of an error outside an item's own code
+        (see :func:`thread_main`). That thread is gone: the pool is not reused."""
+        self.died = self.broken = True
+        error = reply.payload
+        if reply.pass_id is None:
+            _add_note(error, f"pipeflow: worker_init in {self.worker_kind} {reply.worker} failed")
+        raise error
 
     def close(self) -> None:
         if self.closed:
@@ -136,7 +202,7 @@ class ThreadPool(InProcessPool):
                 q.put(None)
         # After a timeout a thread may be stuck in user code: the error must not wait on it.
         # Else the reaper waits for them (interpreter exit waits for it), not the consumer.
-        if not self.broken:
+        if not self.broken or self.died:
             in_background(partial(_join, self.threads, STOP_GRACE))
         # A thread stuck in user code can't be stopped; it is a daemon and holds no process.
 
@@ -155,37 +221,63 @@ def thread_main(
     current: list[int],
 ) -> None:
     """A thread worker: the same protocol as a process worker, through queues, no pickling;
-    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped."""
+    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped.
+
+    Whatever it dies of (an error outside an item's own code: taking its replica's state for
+    ``state_dict()``, say), its last reply says so (kind ``"init"``, with the task's pass),
+    and the consumer raises that error instead of waiting for a reply that never comes."""
     job, worker_id = spec.job, spec.worker_id
     seed = spec.base_seed + worker_id
     info = WorkerInfo(worker_id, spec.num_workers, seed, job.dataset, "thread", os.getpid())
     set_thread_worker_info(info)
+    task: Task | None = None
     try:
-        if spec.worker_init is not None:
-            spec.worker_init(worker_id)
-        restore_worker(job, spec.restore)
-    except BaseException as e:
-        results.put(Reply(None, "init", -1, worker_id, 0, e))
-        return
-    # A thread's replica of a source is its own; a map's dataset and the global generators
-    # are the process's, shared by every thread: nothing of them is the worker's to report.
-    snap = Snapshotter(job, None, own=isinstance(job, SourceJob))
-    while True:
-        task: Task | None = tasks.get()
-        if task is None:
-            break
-        if task.pass_id != current[0]:
-            continue  # a task of an abandoned pass
-        started = time.perf_counter_ns()
         try:
-            out = job.run(task.item, task.epoch, task.seq)
-        except Exhausted:
-            results.put(Reply(task.pass_id, "end", task.seq, worker_id, 0, None, snap()))
+            if spec.worker_init is not None:
+                spec.worker_init(worker_id)
+            restore_worker(job, spec.restore)
         except BaseException as e:
-            # in a box the pool empties when it raises: a reply the consumer's frames still
-            # hold must not hold the exception, whose traceback holds those frames
-            results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e], snap()))
-        else:
-            took = time.perf_counter_ns() - started
-            results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out, snap()))
-    set_thread_worker_info(None)
+            results.put(Reply(None, "init", -1, worker_id, 0, e))
+            return
+        # A thread's replica of a source is its own; a map's dataset and the global
+        # generators are the process's, shared by every thread: nothing of them is the
+        # worker's to report.
+        snap = Snapshotter(job, None, own=isinstance(job, SourceJob))
+        while True:
+            task = tasks.get()
+            if task is None:
+                break
+            if task.pass_id != current[0]:
+                continue  # a task of an abandoned pass
+            started = time.perf_counter_ns()
+            try:
+                out = job.run(task.item, task.epoch, task.seq)
+            except Exhausted:
+                results.put(Reply(task.pass_id, "end", task.seq, worker_id, 0, None, snap()))
+            except BaseException as e:
+                # in a box the pool empties when it raises: a reply the consumer's frames
+                # still hold must not hold the exception, whose traceback holds those frames
+                results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e], snap()))
+            else:
+                took = time.perf_counter_ns() - started
+                results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out, snap()))
+    except BaseException as e:
+        results.put(_death(job, task, worker_id, e))
+    finally:
+        set_thread_worker_info(None)
+
+
+def _death(job: Any, task: Task | None, worker_id: int, error: BaseException) -> Reply:
+    """The last reply of a worker thread that dies of *error* (while it ran *task*, when it
+    had one): the error, named as the process backend names a worker's."""
+    try:
+        extra = "the worker thread died of it, so the pass ends"
+        if task is not None and not is_annotated(error):
+            annotate(error, job.name, task.epoch, extra=extra, **describe_item(task.item, task.seq))
+        if not is_annotated(error):
+            _add_note(error, f"pipeflow: stage {job.name!r}: thread worker {worker_id}: {extra}")
+        setattr(error, DIED, worker_id)
+    except Exception:
+        pass
+    pass_id = -1 if task is None else task.pass_id  # not None: that is worker_init's
+    return Reply(pass_id, "init", -1 if task is None else task.seq, worker_id, 0, error)
