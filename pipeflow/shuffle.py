@@ -148,7 +148,8 @@ class _BufferShuffle(Stage[T, T]):
         epoch = integer(checked["epoch"], f"{where}['epoch']")
         seed = integer(checked["seed"], f"{where}['seed']", 0, 2**64 - 1)
         size = self._config["buffer_size"]
-        if consumed is not None and made != consumed:
+        # a batch after it counts its last, short batch as full: past the end is the end
+        if consumed is not None and made != consumed and not (made < consumed and made == read):
             msg = f"load_state_dict: {where} made {made} outputs, the position says {consumed}"
             raise ValueError(msg)
         if not max(read - size, 0) <= made <= read:
@@ -244,6 +245,8 @@ class Buffer:
             return _record(nums, consumed, read, self.seed, self.epoch)
         made, read, state, nums, drained = best
         if drained:  # the drain's order is known: what the consumer had not taken
+            # (a batch after it counts its last, short batch as full: past the end is the end)
+            consumed = min(consumed, made + len(nums))
             return _record(nums[consumed - made :], consumed, read, self.seed, self.epoch)
         nums = list(nums)
         rng = random.Random()
