@@ -34,7 +34,15 @@ from pipeflow._seal import digest
 from pipeflow._stage import _short
 from pipeflow.state import integer, record_keys
 
-__all__ = ["VERSION", "check", "check_digest", "digest_of", "generators", "identity", "set_generators"]
+__all__ = [
+    "VERSION",
+    "check",
+    "check_digest",
+    "digest_of",
+    "generators",
+    "identity",
+    "set_generators",
+]
 
 VERSION = 3
 #: The formats :func:`check` reads: format 2 (before the digest) is checked without it.

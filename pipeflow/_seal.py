@@ -70,6 +70,9 @@ def _feed(h: Any, value: Any) -> None:
         for part in parts:
             h.update(part.encode("ascii"))
     elif isinstance(value, Sequence):
+        if all(type(x) is int for x in value):  # the common case, in one join (same bytes)
+            h.update(b"[%d;" % len(value) + b"".join([b"i%d;" % x for x in value]))
+            return
         h.update(b"[%d;" % len(value))
         for item in value:
             _feed(h, item)

@@ -79,6 +79,10 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     skip = plan(stages, [None] * len(stages), resume).source_skip
     if "source" in state:
         resume["source"] = source.check_record(state["source"], skip)
+        running, *_ = replaced([source, *stages], iter(adopted))
+        check_pass = getattr(running, "check_pass", None)
+        if check_pass is not None:  # a mix: its loaders' records against their passes
+            check_pass(resume["source"], "state['source']", state["epoch"])
     elif skip and getattr(source, "requires_record", lambda: False)():
         msg = (
             f"state['source'] is missing: {source.name} keeps a record, and {skip} of its items "

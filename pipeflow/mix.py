@@ -10,7 +10,8 @@ each loader exactly, reading nothing again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import copy
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeflow import _checks
@@ -19,7 +20,7 @@ from pipeflow._random import MIX, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
 from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
-from pipeflow.state import integer, record_keys
+from pipeflow.state import Progress, flat_index, integer, light, record_keys
 
 __all__ = ["mix"]
 
@@ -37,9 +38,28 @@ def _uniform(key: int, position: int) -> float:
 
 class _Record:
     """A mix's pass: which loader gave each output, and each loader's passes (to read its
-    record at any count of its outputs)."""
+    record at any count of its outputs).
 
-    __slots__ = ("base", "counts", "ended", "ends", "made", "passes", "source", "start")
+    A consumer may stand behind the mix (a prefetching ``parallel_map``, a buffer shuffle
+    after it): each loader's record is read from the pass that gave the consumer's items, at
+    the count of its items the consumer's position covers, never from where the mix read
+    ahead to (a loader's pass it already ran to its end, or a newer one a ``"cycle"``
+    started)."""
+
+    __slots__ = (
+        "base",
+        "consumer",
+        "counts",
+        "ended",
+        "ends",
+        "finished",
+        "made",
+        "passes",
+        "runs",
+        "saved",
+        "source",
+        "start",
+    )
 
     def __init__(self, source: _Mix, saved: dict[str, Any] | None, start: int) -> None:
         n = len(source.loaders)
@@ -49,25 +69,111 @@ class _Record:
         self.ended = list(base["ended"])
         self.passes = list(base.get("cycles", [0] * n))
         self.base = (list(self.counts), list(self.ended), list(self.passes))
+        self.saved = list(base.get("loaders", [None] * n))  # where each stood at the start
         self.made: list[tuple[int, int, int]] = []  # per output: (loader, its count, pass)
         self.ends: list[tuple[int, int]] = []  # (outputs made before, loader) as one ran out
+        self.runs: dict[tuple[int, int], Progress] = {}  # by (loader, pass): its pass
+        self.finished = False  # the mix ran to its end (it makes no more outputs)
+        self.consumer: Callable[[], int | None] | None = None
+
+    def watch(self, consumed: Callable[[], int | None]) -> None:
+        """*consumed()* tells how many of this pass's outputs the mix's consumer has taken
+        (``None``: it can't be told): the loaders' records that fold what their consumer
+        had (a parallel stage's workers' states) fold what the mix's consumer had."""
+        self.consumer = consumed
+
+    def started(self, i: int, loader: Loader[Any]) -> None:
+        """Loader *i* started its pass ``passes[i]`` (``iter()`` was just called): its
+        records that fold what their consumer took are told what the mix's consumer took
+        (the pass told them what the mix read, which may be ahead of it)."""
+        progress = loader._progress  # the pass iter() just started
+        if progress is None:
+            return
+        cycle = self.passes[i]
+        self.runs[(i, cycle)] = progress
+        planned = loader.plan()
+        watched = [(progress.source, planned.stages)]
+        watched += [(r, loader.stages[at + 1 :]) for at, r in progress.deliveries.items()]
+        for record, later in watched:
+            watch = getattr(record, "watch", None)
+            if watch is not None:
+                watch(self._consumed(i, cycle, progress, later))
+
+    def _consumed(
+        self, i: int, cycle: int, progress: Progress, later: Sequence[Any]
+    ) -> Callable[[], int | None]:
+        """How many outputs of the stage before *later* in loader *i*'s pass *cycle* the
+        mix's consumer has taken (``None``: it can't be told)."""
+
+        def consumed() -> int | None:
+            taken = self.consumer() if self.consumer is not None else None
+            if taken is None:
+                return None
+            k = self._count(i, cycle, progress, taken) - progress.start
+            for stage in reversed(later):
+                answer = stage.resumption(k, None)
+                if answer.kind != "below":
+                    return None
+                k = answer.inputs
+            return k
+
+        return consumed
+
+    def _count(self, i: int, cycle: int, progress: Progress, taken: int) -> int:
+        """Loader *i*'s outputs of its epoch in its pass *cycle* among the first *taken*
+        outputs of this mix's pass."""
+        for j in range(min(taken, len(self.made)) - 1, -1, -1):
+            loader, count, at = self.made[j]
+            if loader == i:
+                if at == cycle:
+                    return count
+                if at > cycle:  # the consumer is past that pass: it took all of it
+                    return progress.start + progress.delivered
+                return progress.start  # it has not reached that pass
+        if self.base[2][i] == cycle:
+            return int(self.base[0][i])
+        return progress.start if self.base[2][i] < cycle else progress.start + progress.delivered
 
     def after(self, needed: int) -> dict[str, Any]:
-        """The record once the consumer took *needed* of the epoch's items."""
+        """The record once the consumer took *needed* of the epoch's items.
+
+        *needed* may lie past the last output once the mix ended: a ``batch`` after it
+        counts its last, short batch as a full one. The rest of the epoch is then empty:
+        every loader is out of play."""
+        n = len(self.source.loaders)
         counts, ended, passes = list(self.base[0]), list(self.base[1]), list(self.base[2])
-        for i, count, cycle in self.made[: needed - self.start]:
+        made = self.made[: max(needed - self.start, 0)]
+        for i, count, cycle in made:
             counts[i], passes[i] = count, cycle
         for at, i in self.ends:  # (a loader found out as it ran out is drawn again alike)
             if at <= needed:
                 ended[i] = True
+        if self.finished and needed > self.start + len(made):
+            ended = [True] * n
+        for key in [k for k in self.runs if k[1] < passes[k[0]]]:
+            del self.runs[key]  # passes the consumer is past (its position only grows)
         loaders: list[dict[str, Any] | None] = []
         for i, loader in enumerate(self.source.loaders):
             if ended[i]:
                 loaders.append(None)
                 continue
-            record = loader.pass_record(counts[i])
+            run = self.runs.get((i, passes[i]))
+            if run is None:  # not started yet in this pass: where the state said it stood
+                loaders.append(copy.deepcopy(self.saved[i]) or {"position": counts[i]})
+                continue
+            record = _pass_record(loader, run, counts[i])
             loaders.append(record if record is not None else {"position": counts[i]})
         return {"counts": counts, "ended": ended, "cycles": passes, "loaders": loaders}
+
+
+def _pass_record(loader: Loader[Any], progress: Progress, count: int) -> dict[str, Any] | None:
+    """Where *loader*'s pass *progress* stood after *count* of its epoch's outputs, as
+    :meth:`~pipeflow.Loader.pass_record` says (``None``: its position says it all), also
+    once that pass ran to its end or a newer one started."""
+    view = copy.copy(progress)
+    view.done = False
+    view.delivered = count - progress.start
+    return light(loader.source, loader.stages, view)
 
 
 class _Mix(Source[Any]):
@@ -97,11 +203,13 @@ class _Mix(Source[Any]):
         its = self._start(context, record, saved)
         counts, ended, passes = record.counts, record.ended, record.passes
         position = context.start
+        cycle = self.stop == "cycle"
         try:
             while True:
                 live = [i for i in range(n) if not ended[i]]
-                if not live:
-                    return
+                if not live or (cycle and all(passes[j] or ended[j] for j in range(n))):
+                    record.finished = True  # ("cycle": every loader has run out once, the
+                    return  # last an empty one, found out after the others started again)
                 total = sum(self.weights[i] for i in live)
                 u, i = _uniform(key, position) * total, live[-1]
                 for j in live:
@@ -113,14 +221,17 @@ class _Mix(Source[Any]):
                     item = next(its[i])
                 except StopIteration:
                     if self.stop == "first":
+                        record.finished = True
                         return
                     if self.stop == "cycle" and counts[i]:
                         if not passes[i] and all(passes[j] or ended[j] for j in range(n) if j != i):
+                            record.finished = True
                             return  # every loader has run out once: the mix ends here
                         passes[i] += 1
                         counts[i] = 0
                         self.loaders[i].set_epoch(context.epoch + passes[i])
                         its[i] = iter(self.loaders[i])
+                        record.started(i, self.loaders[i])
                         continue
                     ended[i] = True  # ("cycle": an empty loader is not started again)
                     record.ends.append((position, i))
@@ -146,6 +257,7 @@ class _Mix(Source[Any]):
             if child is not None:
                 loader.resume_from(context.epoch + record.passes[i], child)
             its[i] = iter(loader)
+            record.started(i, loader)
         return its
 
     def check_record(self, record: Any, position: int) -> dict[str, Any]:
@@ -190,16 +302,70 @@ class _Mix(Source[Any]):
                     )
                     raise ValueError(msg)
         # every output is one loader's, in its current pass or in one it ended (at least
-        # one output each: an empty loader is not started again)
+        # one output each: an empty loader is not started again); once every loader is out
+        # of play the position may lie past the last output (a batch after the mix counts
+        # its last, short batch as a full one)
         made, ended_passes = sum(record["counts"]), sum(record["cycles"])
-        if made + ended_passes > position or (made != position and not ended_passes):
+        over = all(record["ended"])
+        if made + ended_passes > position or (made != position and not (ended_passes or over)):
             msg = (
                 f"load_state_dict: {where} counts {made} items from its loaders' passes in "
                 f"play and {ended_passes} passes ended, and the position says {position} "
                 "items were consumed"
             )
             raise ValueError(msg)
+        self._check_stop(record, where)
         return dict(record)
+
+    def _check_stop(self, record: dict[str, Any], where: str) -> None:
+        """Refuse counts, ends and passes that this mix's *stop* rule, and its loaders'
+        lengths where they are known, could not have made (a record with every loader
+        ended is the mix's end: any counts its passes allow)."""
+        counts, ended, cycles = record["counts"], record["ended"], record["cycles"]
+        over = all(ended)
+
+        def fail(why: str) -> ValueError:
+            return ValueError(f"load_state_dict: {where}: {why}, with stop={self.stop!r}")
+
+        if self.stop != "cycle" and any(cycles):
+            raise fail(f"{where}['cycles'] is {cycles}: no loader starts again")
+        if self.stop == "first" and any(ended) and not over:
+            raise fail(f"{where}['ended'] is {ended}: the mix ends as the first loader runs out")
+        if self.stop == "cycle" and not over:
+            for i in range(len(counts)):
+                if ended[i] and (counts[i] or cycles[i]):
+                    raise fail(f"loader {i} ended: only an empty loader leaves the mix")
+        for i, loader in enumerate(self.loaders):
+            try:
+                size = len(loader)
+            except TypeError:  # only known by running it
+                continue
+            if self.stop == "cycle" and ended[i] and size and not over:
+                raise fail(f"loader {i} ended, and it is not empty ({size} items per pass)")
+            if counts[i] > size or (self.stop == "all" and ended[i] and counts[i] != size):
+                why = "ended after" if ended[i] else "gave"
+                raise fail(f"loader {i} has {size} items per pass, and {why} {counts[i]}")
+
+    def check_pass(self, record: dict[str, Any], where: str, epoch: int) -> None:
+        """Refuse a (checked) record whose loaders' records belong to other passes than the
+        ones a resumed epoch *epoch* runs (loader ``i``'s epoch ``epoch + cycles[i]``, with
+        the seeds this mix's loaders have: give this mix the state's seeds first), as a
+        state's stages are checked (their ``check_pass``): a buffer shuffle's record from
+        another loader or pass would refill its buffer with other items."""
+        for i, child in enumerate(record["loaders"]):
+            if child is None:
+                continue
+            loader, run = self.loaders[i], epoch + record["cycles"][i]
+            place = f"{where}['loaders'][{i}]"
+            by_flat = {flat_index(loader.stages, k): k for k in range(len(loader.stages))}
+            for key, saved in child.get("stages", {}).items():
+                stage = loader.stages[by_flat[int(key)]]
+                check = getattr(stage, "check_pass", None)
+                if check is not None:
+                    check(saved, f"{place}['stages'][{key!r}] (stage {stage.name!r})", run)
+            check = getattr(loader.source, "check_pass", None)
+            if check is not None and child.get("source") is not None:
+                check(child["source"], f"{place}['source']", run)
 
     def requires_record(self) -> bool:
         return True

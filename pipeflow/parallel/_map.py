@@ -55,8 +55,17 @@ class ParallelMap(Stage[T, U]):
         workers' states as of each output (see :mod:`pipeflow.parallel._states`)."""
         config: Settings = self._config["settings"]
         own = config.workers == 0 or config.backend in ("process", "ray")  # not threads'
-        owned = own and self._stateful()
-        return MapRecord(config, context, saved, owned)
+        stateful = self._stateful()
+        shared = None
+        if stateful and (config.workers == 0 or config.backend not in ("process", "ray")):
+            where = "in line, in this process" if config.workers == 0 else "in threads"
+            shared = (
+                f"parallel_map runs its stages {where}, over a dataset with state_dict(): "
+                "its state as of the items the consumer received is not tracked there, so "
+                "no exact state can be taken. Use backend='process' (each worker saves and "
+                "restores its own copy), or pf.fetch(dataset) without parallel_map"
+            )
+        return MapRecord(config, context, saved, own and stateful, shared)
 
     def check_record(
         self, record: Any, where: str, consumed: int | None, total: int | None

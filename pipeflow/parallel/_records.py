@@ -58,7 +58,16 @@ _INLINE = frozenset(("at", "object", "iterator", "early"))
 class MapRecord:
     """A ``parallel_map``'s record of one pass (see the module's text)."""
 
-    __slots__ = ("delivery", "offset", "order", "owned", "persistent", "restores", "states")
+    __slots__ = (
+        "delivery",
+        "offset",
+        "order",
+        "owned",
+        "persistent",
+        "restores",
+        "shared",
+        "states",
+    )
 
     def __init__(
         self,
@@ -66,13 +75,17 @@ class MapRecord:
         context: Context,
         saved: dict[str, Any] | None,
         owned: bool = False,
+        shared: str | None = None,
     ):
         """*owned*: the stages read a stateful dataset, and each worker (a process, a Ray
         actor) owns a copy, or there are no workers: a state then always names how many
         workers it was taken with (``{}``: none), even before any reported its copy's
-        state, for a resumed pass with another number refuses it."""
+        state, for a resumed pass with another number refuses it. *shared*: the stages
+        read a stateful dataset that this process's threads share (or run in line, here),
+        whose state is not the workers' to report: why no state can be taken."""
         self.offset = context.offset
         self.owned = owned
+        self.shared = shared
         self.persistent = settings.persistent
         self.delivery: Delivery | None = None
         if not settings.ordered:
@@ -114,6 +127,8 @@ class MapRecord:
 
     def after(self, consumed: int) -> dict[str, Any]:
         """The stage's state once the consumer took *consumed* of this pass's outputs."""
+        if self.shared is not None:
+            raise ValueError(f"state_dict: {self.shared}")
         if self.delivery is not None:
             out = self.delivery.after(consumed)
         else:

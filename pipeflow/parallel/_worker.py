@@ -9,6 +9,7 @@ the user's code does.
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import random
@@ -30,6 +31,7 @@ from pipeflow.errors import annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
+from pipeflow.parallel._states import pack
 from pipeflow.parallel._wire import (
     Encoded,
     Exhausted,
@@ -216,8 +218,23 @@ class SourceJob:
         self.loader = type(self.loader)(self.loader.source, stages)
 
     def clone(self) -> SourceJob:
-        """A replica with its own iterator (one per thread worker)."""
-        return SourceJob(type(self.loader)(self.loader.source, self.loader.stages), self.name)
+        """A replica with its own iterator (one per thread worker); over a stateful object
+        (one with ``state_dict()``), with its own copy of it, as a process worker has: the
+        threads would otherwise share one object's state, and each worker's saved state
+        would be the others' too."""
+        source = self.loader.source
+        if is_stateful(getattr(source, "iterable", None)):
+            try:
+                source = copy.deepcopy(source)
+            except Exception as e:
+                msg = (
+                    f"{self.name}(backend='thread'): each thread worker reads its own copy of "
+                    f"the stateful {type(source.iterable).__name__} (as each process worker "
+                    f"does), and it can't be copied ({type(e).__name__}: {e}); use "
+                    "backend='process', or give it a __deepcopy__"
+                )
+                raise TypeError(msg) from e
+        return SourceJob(type(self.loader)(source, self.loader.stages), self.name)
 
     def run(self, item: Any, epoch: int, seq: int) -> Any:
         info = current_info()
@@ -445,8 +462,8 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
             told_torch = _tell_torch(info)
         reply = _process_task(job, task, worker_id, writer)
         state = snap()
-        if state is not None:
-            reply = reply._replace(state=state)
+        if state is not None:  # its objects' states pickled now, read where a state needs them
+            reply = reply._replace(state=pack(state))
         writer.unreserve()
         try:
             send(pickle.dumps(reply, protocol=5))
