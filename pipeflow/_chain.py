@@ -86,8 +86,8 @@ def _record(
     kept = stage.new_record(context, saved)
     if kept is not None:
         progress.deliveries[at] = kept
-        if ahead and hasattr(kept, "history"):
-            kept.history = True
+        if ahead:
+            kept.read_ahead()
     return kept
 
 
@@ -95,8 +95,7 @@ def watched(record: Any, later: tuple[Any, ...], progress: Progress) -> None:
     """Tell a record that folds what the consumer had (a parallel stage's) how to know it:
     the outputs the consumer took, through the *later* stages (``None`` past one that is
     not a map or a batch)."""
-    watch = getattr(record, "watch", None)
-    if watch is None:
+    if record is None:
         return
 
     def consumed() -> int | None:
@@ -108,7 +107,7 @@ def watched(record: Any, later: tuple[Any, ...], progress: Progress) -> None:
             k = answer.inputs
         return k
 
-    watch(consumed)
+    record.watch(consumed)
 
 
 def _source(

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from pipeflow.state import Record
+
 __all__ = [
     "KEEP",
     "MISSING",
@@ -123,7 +125,7 @@ def restore(obj: Any, saved: dict[str, Any] | None) -> Iterator[Any]:
     return it
 
 
-class Snapshots:
+class Snapshots(Record):
     """A producer's snapshots in one pass, by the count of items it had produced.
 
     Attributes:
@@ -183,6 +185,10 @@ class Snapshots:
                 if len(at) > KEEP:
                     at.popitem(last=False)
             yield item
+
+    def read_ahead(self) -> None:
+        """A later stage reads ahead: a snapshot after every item."""
+        self.history = True
 
     def after(self, needed: int) -> dict[str, Any]:
         """The record for a state whose resumed pass skips *needed* items: the snapshot at

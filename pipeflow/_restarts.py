@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._stage import Stage
-from pipeflow.state import Resume, check_inputs
+from pipeflow.state import Record, Resume, check_inputs
 
 __all__ = ["Clean", "Restarting", "Restarts", "drive"]
 
@@ -37,7 +37,7 @@ class Clean:
         self.inputs = inputs
 
 
-class Restarts:
+class Restarts(Record):
     """A pass's restart points: for each, the stage's inputs read and outputs made before it.
 
     Outputs are counted from the pass's own restart (the *start* outputs a resumed pass made

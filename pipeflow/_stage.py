@@ -542,12 +542,29 @@ class Source(Generic[Out]):
         """The source with its seeds taken in order from *seeds* (itself: none, by default)."""
         return self
 
+    def identity(self) -> str:
+        """What a saved state compares to tell whether it comes from a pipeline reading this
+        source (its :meth:`describe`, by default)."""
+        return self.describe()
+
     def check_record(self, record: Any, position: int) -> Any:
         """Refuse a record for this source in a state being loaded that it could not have
         made; return it as the next pass gets it (``context.saved``). A source that keeps no
         record refuses any."""
         msg = f"load_state_dict: state['source'] holds a record, but {self.name} keeps none"
         raise ValueError(msg)
+
+    def requires_record(self) -> bool:
+        """Whether a state that skips some of its items must hold its record (``False``)."""
+        return False
+
+    def idle_record(self) -> dict[str, Any] | None:
+        """Its record between passes, when it keeps one (``None``)."""
+        return None
+
+    def check_pass(self, record: Any, where: str, epoch: int) -> None:
+        """Refuse a checked record from another pass than epoch *epoch*'s (nothing to check,
+        by default)."""
 
     def close(self) -> None:
         """Release anything the source holds across epochs (nothing, for most sources)."""

@@ -80,10 +80,8 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     if "source" in state:
         resume["source"] = source.check_record(state["source"], skip)
         running, *_ = replaced([source, *stages], iter(adopted))
-        check_pass = getattr(running, "check_pass", None)
-        if check_pass is not None:  # a mix: its loaders' records against their passes
-            check_pass(resume["source"], "state['source']", state["epoch"])
-    elif skip and getattr(source, "requires_record", lambda: False)():
+        running.check_pass(resume["source"], "state['source']", state["epoch"])  # a mix's
+    elif skip and source.requires_record():
         msg = (
             f"state['source'] is missing: {source.name} keeps a record, and {skip} of its items "
             "were consumed"
@@ -110,7 +108,7 @@ def check_pass_record(
     skip = plan(stages, [None] * len(stages), out).source_skip
     if "source" in record:
         out["source"] = source.check_record(record["source"], skip)
-    elif skip and getattr(source, "requires_record", lambda: False)():
+    elif skip and source.requires_record():
         raise _fail(
             f"{where}['source'] is missing: its source keeps a record, and {skip} "
             "of its items were consumed"

@@ -20,7 +20,7 @@ from pipeflow._random import MIX, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
 from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
-from pipeflow.state import Progress, flat_index, integer, light, record_keys
+from pipeflow.state import Progress, Record, flat_index, integer, light, record_keys
 
 __all__ = ["mix"]
 
@@ -36,7 +36,7 @@ def _uniform(key: int, position: int) -> float:
     return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
 
 
-class _Record:
+class _Record(Record):
     """A mix's pass: which loader gave each output, and each loader's passes (to read its
     record at any count of its outputs).
 
@@ -95,9 +95,8 @@ class _Record:
         watched = [(progress.source, planned.stages)]
         watched += [(r, loader.stages[at + 1 :]) for at, r in progress.deliveries.items()]
         for record, later in watched:
-            watch = getattr(record, "watch", None)
-            if watch is not None:
-                watch(self._consumed(i, cycle, progress, later))
+            if record is not None:
+                record.watch(self._consumed(i, cycle, progress, later))
 
     def _consumed(
         self, i: int, cycle: int, progress: Progress, later: Sequence[Any]
@@ -363,9 +362,8 @@ class _Mix(Source[Any]):
                 check = getattr(stage, "check_pass", None)
                 if check is not None:
                     check(saved, f"{place}['stages'][{key!r}] (stage {stage.name!r})", run)
-            check = getattr(loader.source, "check_pass", None)
-            if check is not None and child.get("source") is not None:
-                check(child["source"], f"{place}['source']", run)
+            if child.get("source") is not None:
+                loader.source.check_pass(child["source"], f"{place}['source']", run)
 
     def requires_record(self) -> bool:
         return True

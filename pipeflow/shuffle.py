@@ -13,7 +13,7 @@ from pipeflow._permutation import Permutation
 from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
-from pipeflow.state import Resume, check_inputs, integer, record_keys
+from pipeflow.state import Record, Resume, check_inputs, integer, record_keys
 
 __all__ = ["shuffle"]
 
@@ -205,7 +205,7 @@ def replay(
     return rng, nums[made - steady :], True
 
 
-class Buffer:
+class Buffer(Record):
     """A buffer shuffle's record of one pass: snapshots of its buffer (the input number in
     each slot) every *size* outputs, so :meth:`after` replays at most that many draws.
 

@@ -78,6 +78,7 @@ __all__ = [
     "Kept",
     "Plan",
     "Progress",
+    "Record",
     "Resume",
     "digests",
     "fingerprint",
@@ -124,6 +125,33 @@ class Resume:
         return Resume("recorded", unordered=unordered)
 
 
+class Record:
+    """What a recording stage (or source) keeps in one pass for ``state_dict()``: the base of
+    every record, with what the loader may ask of any of them.
+
+    :meth:`after` is the record's state once the consumer took *consumed* of the pass's
+    outputs; the others answer for the records that need them: :meth:`ended_record` (what
+    carries into the next epoch), :meth:`watch` (how many outputs the consumer took, for a
+    record that folds what it had), :meth:`read_ahead` (a later stage reads ahead of the
+    consumer: keep a snapshot after every item)."""
+
+    __slots__ = ()
+
+    def after(self, consumed: int) -> dict[str, Any]:
+        """The record's state once the consumer took *consumed* of this pass's outputs."""
+        raise NotImplementedError
+
+    def ended_record(self) -> dict[str, Any] | None:
+        """What the record carries into the next epoch once its pass ended (``None``)."""
+        return None
+
+    def watch(self, consumed: Callable[[], int | None]) -> None:
+        """*consumed()* tells how many of this pass's outputs the consumer has taken."""
+
+    def read_ahead(self) -> None:
+        """A stage after this one reads ahead of the consumer (nothing to do, by default)."""
+
+
 class Delivery:
     """What an out-of-order stage delivered in one pass: every item numbered below *prefix*
     and *extras* before the pass (a resumed one), then *order*, in delivery order."""
@@ -167,7 +195,7 @@ class Delivery:
         return {"prefix": prefix, "extras": sorted(done)}
 
 
-class Drops:
+class Drops(Record):
     """What a stage that drops inputs (``ignore_errors``) did in one pass: for each input it
     dropped, how many outputs it had yielded before. Its first *consumed* outputs then took
     ``offset + consumed + (drops before)`` of its inputs: a resumed pass skips exactly those,
@@ -205,7 +233,7 @@ class Drops:
         return checked
 
 
-class Kept:
+class Kept(Record):
     """What a stage that keeps some of its inputs and drops the others (``filter``) did in
     one pass: its first *consumed* outputs took ``offset + consumed`` inputs, and the ones it
     dropped before its output ``consumed + 1``; a resumed pass skips exactly those.
@@ -385,8 +413,8 @@ def record_keys(record: Any, where: str, required: set[str], optional: set[str])
 
 # -- taking states ------------------------------------------------------------------------------
 def _identity(stage: Any) -> list[str]:
-    identity = getattr(stage, "identity", None)
-    return identity() if identity is not None else [repr(stage)]
+    identity: list[str] = stage.identity()
+    return identity
 
 
 def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
@@ -397,9 +425,7 @@ def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
     runs with and without workers.
     """
     source, *masked = replaced([source, *stages], itertools.repeat(MASK))
-    identity = getattr(source, "identity", None)
-    first = identity() if identity is not None else source.describe()
-    return [first, *(x for s in masked for x in _identity(s))]
+    return [source.identity(), *(x for s in masked for x in _identity(s))]
 
 
 def seeds(source: Any, stages: Sequence[Any]) -> list[list[Any]]:
@@ -427,16 +453,15 @@ def take(
     loaded state's records, kept as they were loaded).
     """
     records: dict[int, Any] = {}
-    idle = getattr(source, "idle_record", None)
     if progress is None or progress.superseded:
         epoch, resume = pending
         position = resume.get("position", 0)
         records = resume.get("stages", {})
-        kept = resume.get("source", idle() if idle is not None else None)
+        kept = resume.get("source", source.idle_record())
     elif progress.done:
         epoch, position = progress.epoch + 1, 0
-        ended = getattr(progress.source, "ended_record", None)
-        kept = ended() if ended is not None else idle() if idle is not None else None
+        kept = progress.source.ended_record() if progress.source is not None else None
+        kept = source.idle_record() if kept is None else kept
         records = _carried(progress)
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
@@ -484,8 +509,7 @@ def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict
     if progress is None or (progress.source is None and not progress.deliveries):
         return None
     if progress.done:
-        idle = getattr(source, "idle_record", None)
-        kept = idle() if idle is not None else None
+        kept = source.idle_record()
         return {"position": 0, "stages": {}, **({"source": kept} if kept else {})}
     position = progress.start + progress.delivered
     records = _recorded(stages, progress)
@@ -509,8 +533,7 @@ def _carried(progress: Progress) -> dict[int, Any]:
     dataset's state, persistent workers' states), by stage position."""
     out = {}
     for i, record in progress.deliveries.items():
-        ended = getattr(record, "ended_record", None)
-        kept = ended() if ended is not None else None
+        kept = record.ended_record()
         if kept is not None:
             out[i] = kept
     return out

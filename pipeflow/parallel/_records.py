@@ -18,7 +18,7 @@ from pipeflow._context import Context
 from pipeflow._state_check import check_workers, same_workers
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._states import MapStates, WorkerStates
-from pipeflow.state import Delivery, check_inputs, integer, record_keys
+from pipeflow.state import Delivery, Record, check_inputs, integer, record_keys
 
 __all__ = [
     "MapRecord",
@@ -55,7 +55,7 @@ def _parsed(saved: Any, workers: int) -> dict[int, dict[str, Any]] | None:
 _INLINE = frozenset(("at", "object", "iterator", "early"))
 
 
-class MapRecord:
+class MapRecord(Record):
     """A ``parallel_map``'s record of one pass (see the module's text)."""
 
     __slots__ = (
@@ -109,6 +109,11 @@ class MapRecord:
         if not any(w["state"] for w in workers.values()):
             return None
         return {"inputs": 0, "workers": workers}
+
+    def rotation(self) -> tuple[int, list[int]]:
+        """Where its items' numbering starts, and no worker that ran out (a map's workers
+        take items as they come)."""
+        return self.offset, []
 
     def watch(self, consumed: Any) -> None:
         """*consumed()* tells how many of this pass's outputs the consumer has taken (or
@@ -187,8 +192,11 @@ def check_map_record(
     return out
 
 
-class SourceRecord:
+class SourceRecord(Record):
     """A ``parallel_source``'s record of one pass (see the module's text)."""
+
+    #: A source delivers in the round-robin's order: no numbers to note.
+    order: list[int] | None = None
 
     __slots__ = ("ended", "persistent", "restores", "start", "states", "turn", "workers")
 

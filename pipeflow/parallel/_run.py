@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice, repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure, WithDropped, ended
@@ -31,6 +31,9 @@ from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._threads import DIED
 from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
 from pipeflow.state import numbered, recording
+
+if TYPE_CHECKING:
+    from pipeflow.parallel._records import MapRecord, SourceRecord
 
 __all__ = ["run_parallel"]
 
@@ -47,8 +50,9 @@ def run_parallel(
     """One pass of a parallel stage (``upstream`` ``None``: the workers are sources, and
     each task carries *note*, what the pass tells them: see ``SourceJob``)."""
     hooks = hooks or Hooks()
-    order = getattr(hooks.record, "order", None)  # out of order: the numbers delivered
-    states = getattr(hooks.record, "states", None)  # the workers' states, output by output
+    record: MapRecord | SourceRecord | None = hooks.record
+    order = record.order if record is not None else None  # out of order: the numbers delivered
+    states = record.states if record is not None else None  # the workers' states, output by output
     stats = hooks.stats
     if stats is not None and config.workers:
         stats.workers, stats.max_in_flight = config.workers, config.in_flight
@@ -58,15 +62,14 @@ def run_parallel(
         yield from recording(_inline(job, items, context.epoch, context.offset, note), order)
         return
     kept = hooks.resources.setdefault("pool", Kept())
-    restores = getattr(hooks.record, "restores", None)
+    restores = record.restores if record is not None else None
     pool, borrowed = kept.borrow(
         config,
         lambda: make_pool(config, job, name, config.base_seed(context), restores),
         getattr(job, "facts", None),
     )
     kept.passes[context.epoch] = pool
-    rotation = getattr(hooks.record, "rotation", None)
-    first, ended = rotation() if rotation is not None else (context.offset, ())
+    first, ended = record.rotation() if record is not None else (context.offset, [])
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
     out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
     try:

@@ -40,7 +40,7 @@ from pipeflow.readers._decode import decoders
 from pipeflow.readers._storage import Storage
 from pipeflow.readers._versions import check_fingerprint, verify_shard
 from pipeflow.shards import Shard
-from pipeflow.state import Resume, check_inputs, integer
+from pipeflow.state import Record, Resume, check_inputs, integer
 
 __all__ = [
     "KEEP_OFFSETS",
@@ -71,7 +71,7 @@ def as_shard(item: Any) -> Shard:
     raise TypeError(msg)
 
 
-class ReadRecord:
+class ReadRecord(Record):
     """Where each shard of a pass began in its outputs, and its samples' offsets (see the
     module's text). *offset*: shards done before the pass; *start*, *first*: the first
     shard's samples consumed before the pass, and where the next one starts."""
