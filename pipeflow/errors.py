@@ -16,6 +16,7 @@ __all__ = [
     "ShardReadError",
     "SplitTwiceError",
     "StageStuckError",
+    "StreamNotSplitError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -137,6 +138,14 @@ class SplitTwiceError(PipeflowError):
     :func:`~pipeflow.parallel_source` worker that splits itself (it read
     ``get_worker_info().num_workers``) followed by :func:`~pipeflow.shard`. The message says
     what to write instead; :func:`pipeflow.ignore_errors` never drops this error."""
+
+
+class StreamNotSplitError(PipeflowError):
+    """A torch ``IterableDataset`` read by :func:`~pipeflow.parallel_source` thread workers
+    did not split its stream by worker: torch's ``get_worker_info()`` answers ``None`` in a
+    thread, so each thread would read the whole stream and the epoch would hold every item
+    once per worker. Raised with the first item of the replica's pass, which then ends;
+    :func:`pipeflow.ignore_errors` never drops it."""
 
 
 class _RemoteTraceback(Exception):

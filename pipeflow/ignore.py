@@ -15,6 +15,7 @@ from pipeflow.errors import (
     PipeflowError,
     SplitTwiceError,
     StageStuckError,
+    StreamNotSplitError,
     WorkerDiedError,
     WorkerTimeoutError,
     _add_note,
@@ -192,6 +193,7 @@ def _ignore(
 _NEVER_DROPPED = (
     StageStuckError,
     SplitTwiceError,
+    StreamNotSplitError,
     WorkerDiedError,
     WorkerTimeoutError,
 )

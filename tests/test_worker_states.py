@@ -26,6 +26,7 @@ import torch
 
 import pipeflow as pf
 import pipeflow.state as pf_state
+from pipeflow.errors import StreamNotSplitError
 from tests._resume_cases import OwnRng, Stream, _listed
 from tests._shards import write_shards
 from tests.conftest import nothing_left
@@ -380,3 +381,23 @@ def test_a_stateful_dataset_shared_by_parallel_map_refuses_a_state_it_cannot_mak
     with pytest.raises(ValueError, match=r"^state_dict: parallel_map runs its stages in "):
         loader.state_dict()
     loader.close()
+
+
+class _TorchSplit(torch.utils.data.IterableDataset):
+    """Splits by torch's ``get_worker_info()``, which answers ``None`` in a thread."""
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        first, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(first, 6, step))
+
+
+def test_a_torch_stream_that_thread_workers_would_each_read_whole_is_refused_loudly() -> None:
+    """Before: each of 2 threads read all 6 items, 12 in the epoch, without a word."""
+    source = pf.from_iterable(_TorchSplit())
+    loader = pf.parallel_source(source, workers=2, backend="thread") | pf.ignore_errors()
+    with pytest.raises(StreamNotSplitError, match=r"pipeflow.get_worker_info\(\)"):
+        list(loader)  # never dropped, though ignore_errors drops other errors
+    loader.close()
+    processes = pf.parallel_source(pf.from_iterable(_TorchSplit()), workers=2)
+    assert sorted(processes) == list(range(6))  # in processes torch's answer is right

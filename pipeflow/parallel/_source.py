@@ -245,8 +245,10 @@ def parallel_source(
     happens once, in one of two places:
 
     - the source splits itself by :func:`~pipeflow.get_worker_info` (or
-      ``torch.utils.data.get_worker_info``, which answers in process workers), as torch's
-      documentation teaches; or
+      ``torch.utils.data.get_worker_info``, which answers in process workers only: a torch
+      ``IterableDataset`` in thread workers that did not ask pipeflow's raises
+      :class:`~pipeflow.errors.StreamNotSplitError` with its first item, instead of every
+      thread reading the whole stream), as torch's documentation teaches; or
     - a :func:`~pipeflow.shard` in *loader* splits the stream by rank and worker together
       (``world_size * workers`` shares), over a source that reads everything.
 

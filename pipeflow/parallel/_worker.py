@@ -27,7 +27,7 @@ from pipeflow._random import seed_sequence_state
 from pipeflow._rngs import capture as capture_rngs
 from pipeflow._rngs import restore as restore_rngs
 from pipeflow._stage import Stage
-from pipeflow.errors import annotate
+from pipeflow.errors import StreamNotSplitError, annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
@@ -49,6 +49,7 @@ from pipeflow.worker_info import (
     note_split_read,
     set_process_worker_info,
     set_replica,
+    split_reads,
 )
 
 __all__ = [
@@ -206,6 +207,7 @@ class SourceJob:
         self.name = name
         self._key: int | None = None
         self._it: Iterator[Any] | None = None
+        self._unsplit = False  # the pass's first item is to be looked at (see _split_in_threads)
         self.pending: dict[str, Any] | None = None  # where the next replica pass resumes
 
     @property
@@ -253,11 +255,21 @@ class SourceJob:
                 self.pending = None
             self._it = iter(self.loader)
             self._key = key
+            self._unsplit = info is not None and info.backend == "thread" and info.num_workers > 1
         assert self._it is not None
         try:
-            return next(self._it)
+            out = next(self._it)
         except StopIteration:
             raise Exhausted from None
+        if self._unsplit:
+            self._unsplit = False
+            try:
+                _split_in_threads(self.loader, self.dataset, self.name)
+            except StreamNotSplitError:
+                self._it.close()  # type: ignore[attr-defined]
+                self._it = _nothing()  # the replica ends here: the rest would be duplicates
+                raise
+        return out
 
     def snapshot(self) -> dict[str, Any] | None:
         """Where the replica's pass stands, when its objects have state or its stages keep
@@ -268,6 +280,33 @@ class SourceJob:
     def restore(self, saved: dict[str, Any]) -> None:
         """Resume the replica's next pass where *saved* says it stood."""
         self.pending = saved.get("replica") or {"position": saved.get("count", 0)}
+
+
+def _nothing() -> Iterator[Any]:
+    """An iterator that has ended (and can be closed)."""
+    yield from ()
+
+
+def _split_in_threads(loader: Any, dataset: Any, name: str) -> None:
+    """Refuse a thread replica over a torch ``IterableDataset`` that did not split its stream
+    by worker: torch's ``get_worker_info()`` answers ``None`` in a thread, so a dataset that
+    splits by it reads the whole stream in every thread, and the epoch would hold each item
+    once per worker, without a word."""
+    torch_data = sys.modules.get("torch.utils.data")
+    iterable = getattr(torch_data, "IterableDataset", None)
+    if iterable is None or not isinstance(dataset, iterable) or split_reads():
+        return
+    if any(type(s).__name__ == "_Shard" for s in loader.stages):
+        return
+    msg = (
+        f"{name}(backend='thread'): {type(dataset).__name__} is a torch IterableDataset that "
+        "did not ask pipeflow.get_worker_info() how many workers there are before its first "
+        "item. torch.utils.data.get_worker_info() answers None in a thread, so a dataset that "
+        "splits by it reads the whole stream in every thread, and the epoch would hold each "
+        "item once per worker. Split by pipeflow.get_worker_info() (it answers in threads "
+        "too), add pf.shard() to the loader, or use backend='process'"
+    )
+    raise StreamNotSplitError(msg)
 
 
 class Snapshotter:
