@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,53 @@ class Counting:
 
     def __len__(self) -> int:
         return self.n
+
+
+class SplitStream:
+    """A stateful stream split by pipeflow's worker info that keeps where it stands on
+    itself (each thread worker reads its own copy, as each process does)."""
+
+    def __init__(self, n: int, first: int = 0) -> None:
+        self.n, self.first, self.done, self.skip = n, first, 0, 0
+
+    def __iter__(self) -> Iterator[int]:
+        info = pf.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        mine = range(self.first + start, self.first + self.n, step)
+        self.done, self.skip = self.skip, 0
+        for i in mine[self.done :]:
+            self.done += 1
+            yield i
+        self.done = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this copy stands (the user's state)."""
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Go on from there at the next ``iter()``."""
+        self.skip = state["done"]
+
+
+@pf.stage()
+def pairs(items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """A stage of the user's own (replayed when a pass resumes): items two by two."""
+    held = []
+    for item in items:
+        held.append(item)
+        if len(held) == 2:
+            yield tuple(held)
+            held = []
+
+
+def key_or_item(item: Any) -> Any:
+    """A sample's key (a dict read from a shard), else the item."""
+    return item["__key__"] if isinstance(item, dict) else item
+
+
+def kept_key(sample: dict[str, Any]) -> bool:
+    """A filter's predicate over samples: about two thirds of them."""
+    return sum(map(ord, sample["__key__"])) % 3 != 0
 
 
 class CountingIterator:
@@ -125,6 +172,11 @@ def fails(i: int) -> int:
     if i % 5 == 2:
         raise OSError(i)
     return i
+
+
+def draw(i: int, rng: Any) -> tuple[int, int]:
+    """An item and a draw from its own generator (``random_map``)."""
+    return i, int(rng.integers(1000))
 
 
 def odd_or_three(i: int) -> bool:
@@ -297,6 +349,34 @@ def _mix_then_shuffle(stop: str) -> Callable[[int, int, int], pf.Loader[Any]]:
     return build
 
 
+def _unbatch_filter_own(seed: int, size: int, variant: int) -> pf.Loader[Any]:
+    return (
+        _tars(seed, size, variant)
+        | pf.batch(3)
+        | pf.unbatch()
+        | pf.filter(kept_key)
+        | pf.map(key_or_item)
+        | pairs()
+    )
+
+
+def _random_map_shard(seed: int, size: int, variant: int) -> pf.Loader[Any]:
+    out: pf.Loader[Any] = (
+        pf.indices(size)
+        | pf.shuffle(seed=seed)
+        | pf.shard(variant, 2)
+        | pf.random_map(draw, seed=seed)
+        | pf.batch(2)
+        | pf.collate()
+    )
+    return out
+
+
+def _split_stream_thread(seed: int, size: int, variant: int) -> pf.Loader[Any]:
+    stream = pf.from_iterable(SplitStream(size, 1000 * variant))
+    return pf.parallel_source(stream, workers=2, backend="thread", seed=seed) | pf.batch(2)
+
+
 def _stateful_source(seed: int, size: int, variant: int) -> pf.Loader[Any]:
     return pf.from_iterable(Counting(size, 1000 * variant)) | pf.batch(3)
 
@@ -335,6 +415,9 @@ PIPELINES: dict[str, Pipeline] = {
         Pipeline("mix", _mix),
         Pipeline("mix_first_buffer_shuffle", _mix_then_shuffle("first")),
         Pipeline("mix_cycle_buffer_shuffle", _mix_then_shuffle("cycle")),
+        Pipeline("unbatch_filter_own_stage", _unbatch_filter_own),
+        Pipeline("random_map_shard_collate", _random_map_shard),
+        Pipeline("split_stream_thread", _split_stream_thread),
         Pipeline("stateful_source", _stateful_source),
         Pipeline("stateful_dataset", _stateful_dataset),
     ]
