@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import textwrap
@@ -41,22 +42,36 @@ STORE = 80 * 1024**2  # each node's object store: small, this machine is shared
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
 
 
+def _free_port() -> int:
+    """A port no one listens on now (the OS picks it): the dashboard's default, 8265, is
+    the machine's, and another cluster on it (another test run) would take it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Any:
     """Three raylets: a head with the dashboard (``ray.util.state`` asks it) and no CPUs, so
-    that actors land on the two worker nodes, which the node test can remove."""
+    that actors land on the two worker nodes, which the node test can remove. The dashboard
+    and its agent listen on ports picked free, not Ray's fixed defaults."""
     made = cluster_utils.Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": 0,
             "object_store_memory": STORE,
             "include_dashboard": True,
+            "dashboard_port": _free_port(),
+            "dashboard_agent_listen_port": _free_port(),
             "_system_config": FAST_HEALTH,
         },
     )
     try:
         for _ in range(2):
-            made.add_node(num_cpus=2, object_store_memory=STORE)
+            made.add_node(
+                num_cpus=2, object_store_memory=STORE, dashboard_agent_listen_port=_free_port()
+            )
         made.wait_for_nodes()
         ray.init(address=made.address, log_to_driver=False)
         yield made

@@ -116,12 +116,22 @@ def slow_every(n_items: int, every: int, pause: float) -> Iterator[int]:
 
 
 def test_fast_items_are_counted_exactly_and_timed_on_a_sample() -> None:
-    loader = pf.indices(200_000) | pf.map(abs)
-    assert sum(1 for _ in loader) == 200_000
-    stats = loader.stats()
-    assert [s.items for s in stats.stages] == [200_000, 200_000]
-    # every stage's own time is a positive estimate, and they add up to the consumer's span
-    assert all(s.own_seconds > 0 for s in stats.stages)
+    """Counts are exact; own times are sampled estimates, never negative, and positive for
+    every stage. One pass on a machine at load 9 read 0 for a stage once (a preempted sample
+    can cancel the little a fast stage adds), so a stage is asked for a positive estimate in
+    one of three passes: a meter that reads 0 by construction (the bug this test found) does
+    in all three."""
+    positive: set[int] = set()
+    for _ in range(3):
+        loader = pf.indices(200_000) | pf.map(abs)
+        assert sum(1 for _ in loader) == 200_000
+        stats = loader.stats()
+        assert [s.items for s in stats.stages] == [200_000, 200_000]
+        assert all(s.own_seconds >= 0 for s in stats.stages)
+        positive |= {i for i, s in enumerate(stats.stages) if s.own_seconds > 0}
+        if positive == {0, 1}:
+            break
+    assert positive == {0, 1}
 
 
 def test_sampled_estimates_nest_along_the_chain() -> None:
