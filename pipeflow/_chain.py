@@ -20,7 +20,7 @@ from pipeflow._failure import Failure
 from pipeflow._plan import Computed, PassPlan
 from pipeflow._wrappers import Meter, Pass, Route, close_all, cut, guarded, remembering
 from pipeflow.errors import annotate
-from pipeflow.state import Plan, Progress, plan
+from pipeflow.state import Plan, Progress, plan, through
 
 __all__ = ["run"]
 
@@ -99,13 +99,7 @@ def watched(record: Any, later: tuple[Any, ...], progress: Progress) -> None:
         return
 
     def consumed() -> int | None:
-        k = progress.delivered
-        for s in reversed(later):
-            answer = s.resumption(k, None)
-            if answer.kind != "below":
-                return None
-            k = answer.inputs
-        return k
+        return through(later, progress.delivered)
 
     record.watch(consumed)
 

@@ -20,7 +20,7 @@ from pipeflow._random import MIX, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
 from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
-from pipeflow.state import Progress, Record, flat_index, integer, light, record_keys
+from pipeflow.state import Progress, Record, flat_index, integer, light, record_keys, through
 
 __all__ = ["mix"]
 
@@ -108,13 +108,7 @@ class _Record(Record):
             taken = self.consumer() if self.consumer is not None else None
             if taken is None:
                 return None
-            k = self._count(i, cycle, progress, taken) - progress.start
-            for stage in reversed(later):
-                answer = stage.resumption(k, None)
-                if answer.kind != "below":
-                    return None
-                k = answer.inputs
-            return k
+            return through(later, self._count(i, cycle, progress, taken) - progress.start)
 
         return consumed
 

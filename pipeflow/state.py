@@ -85,6 +85,8 @@ __all__ = [
     "plan",
     "seeds",
     "take",
+    "taken",
+    "through",
 ]
 
 VERSION = 3
@@ -519,6 +521,17 @@ def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict
         out["source"] = progress.source.after(needed.source_skip)
     out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
     return out
+
+
+def through(stages: Sequence[Any], k: int) -> int | None:
+    """The inputs of the first of *stages* that the first *k* outputs of the last took, or
+    ``None`` past a stage that is not a map or a batch (it can't be told without a record)."""
+    for s in reversed(stages):
+        answer = s.resumption(k, None)
+        if answer.kind != "below":
+            return None
+        k = answer.inputs
+    return k
 
 
 def taken(record: dict[str, Any]) -> int:
