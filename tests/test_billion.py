@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,27 @@ from tests.strategies import epochs, lengths, seeds
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = 10**12  # far more than fits in memory: only a path that reads nothing gets through
+#: Python calls (generator steps included) that "immediate" may take: replaying or reading the
+#: items instead of seeking would make hundreds of millions. Counted, not timed, so a busy
+#: machine can't fail it; the speed itself is the benchmark's to measure.
+FEW_CALLS = 50_000
+
+
+def python_calls(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()`` and the number of Python function calls and generator resumptions it made."""
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, count
 
 
 def order(n: int, seed: int, epoch: int) -> list[int]:
@@ -64,11 +85,10 @@ def test_shard_over_positions_equals_shard_of_the_items(
 
 
 def test_nothing_is_read_or_materialised_over_positions() -> None:
-    start = time.perf_counter()
     loader = pf.indices(BIG) | pf.shuffle(seed=3) | pf.shard(5, 64) | pf.batch(2)
     assert len(loader) == BIG // 64 // 2
-    first = next(iter(loader))
-    assert time.perf_counter() - start < 5  # reading 10**12 items would take hours
+    first, calls = python_calls(lambda: next(iter(loader)))
+    assert calls < FEW_CALLS  # reading 10**12 items would take 10**12 steps
     assert first == Permutation(BIG, 3, 0).permute([5, 69]).tolist()
 
 
@@ -138,11 +158,10 @@ def test_resume_deep_in_a_billion_is_immediate(world: int) -> None:
     loader = make()
     state = loader.state_dict()
     state["position"] = len(loader) * 9 // 10
-    start = time.perf_counter()
     resumed = make()
     resumed.load_state_dict(state)
-    got = list(itertools.islice(resumed, 3))
-    assert time.perf_counter() - start < 1  # replaying 9 * 10**8 items would take minutes
+    got, calls = python_calls(lambda: list(itertools.islice(resumed, 3)))
+    assert calls < FEW_CALLS  # replaying 9 * 10**8 items would take as many steps
     positions = [world - 1 + world * (state["position"] + j) for j in range(3)]
     assert got == Permutation(10**9, 0, 0).permute(positions).tolist()
 
@@ -154,11 +173,10 @@ def test_resume_through_a_batch_deep_in_a_billion_is_immediate() -> None:
     loader = make()
     state = loader.state_dict()
     state["position"] = 1_900_000  # batches: the shard seeks to its item 64 * 1,900,000
-    start = time.perf_counter()
     resumed = make()
     resumed.load_state_dict(state)
-    got = next(iter(resumed))
-    assert time.perf_counter() - start < 1
+    got, calls = python_calls(lambda: next(iter(resumed)))
+    assert calls < FEW_CALLS
     positions = [3 + 8 * (64 * 1_900_000 + j) for j in range(64)]
     assert got == Permutation(10**9, 0, 0).permute(positions).tolist()
 
@@ -324,7 +342,7 @@ def test_first_ten_thousand_of_a_billion_fast_and_small(world: int) -> None:
     got = json.loads(out.strip().splitlines()[-1])
     assert got["n"] == 10_000
     assert got["extra_mb"] < 20, got
-    assert got["seconds"] < 1, got  # 0.1 s is the goal on a free core: the benchmark says
+    # Its speed (0.1 s on a free core) is the benchmark's to measure, not a test's.
 
 
 # -- a real gloo process group ---------------------------------------------------------------

@@ -312,8 +312,9 @@ def test_timeout_names_the_indices_in_flight(no_leaks) -> None:
     with pytest.raises(pf.WorkerTimeoutError) as info:
         list(loader)
     assert isinstance(info.value, TimeoutError)
-    # 0.5 s, with room for two busy cores; without the timeout, HangAt sleeps an hour
-    assert time.monotonic() - start < 10
+    # Not a speed bound: without the timeout HangAt sleeps an hour; this tells the two apart
+    # with room for any busy machine.
+    assert time.monotonic() - start < 600
     assert "timeout=0.5" in str(info.value)
     assert "sample indices" in str(info.value) and "2" in str(info.value)
 
