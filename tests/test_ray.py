@@ -89,9 +89,10 @@ def _alive_pipeflow_actors() -> list[Any]:
 
 @pytest.fixture(autouse=True)
 def nothing_left(cluster: Any) -> Any:
-    """After each test: no actor of its passes alive (Ray reports a kill within moments)."""
+    """After each test: no actor of its passes alive. Ray reports a kill within moments on a
+    quiet machine; the bound only tells a leak from a slow report on a busy one."""
     yield
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 60.0
     while (left := _alive_pipeflow_actors()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], f"actors left running: {[a.name for a in left]}"
