@@ -20,7 +20,7 @@ from typing import Any
 from pipeflow import _checks, _lengths
 from pipeflow._context import Context
 from pipeflow._random import TOKEN_BATCH, check_seed, derive, fresh_seed
-from pipeflow._restarts import Clean, Restarting
+from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
 
 __all__ = ["budget_batch"]
@@ -54,11 +54,12 @@ def budget_batch(
                 f"seed={seed!r}, window=None)"
             )
             raise ValueError(msg)
-        return Restarting(_in_order, "batch", config)
+        return Stage(_in_order, "batch", config, resume=RESTARTS)
     config["seed"] = fresh_seed() if seed is None else check_seed("batch", seed)
-    return Restarting(_by_window, "batch", config)
+    return Stage(_by_window, "batch", config, resume=RESTARTS)
 
 
+@restarting
 def _in_order(
     items: Iterable[Any],
     context: Context,
@@ -90,6 +91,7 @@ def _in_order(
         yield batch
 
 
+@restarting
 def _by_window(
     items: Iterable[Any],
     context: Context,

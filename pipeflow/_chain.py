@@ -41,7 +41,7 @@ def run(
     given, sees the pass's first item before the consumer (the loader's hints).
     """
     contexts = _contexts(planned, context)
-    skip = plan(planned.stages, contexts, _local(resume, planned.fused)) if resume else Plan()
+    skip = plan(planned.stages, _local(resume, planned.fused)) if resume else Plan()
     extras, cuts = dict(skip.extras), dict(skip.cut)
     saved = _local(resume, planned.fused).get("stages", {}) if resume else {}
     routes = _routes(planned, context.epoch)
@@ -60,11 +60,10 @@ def run(
             keys = routes[i + 1].keys
             if stage.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
-            ahead = any(s.reads_ahead for s in planned.stages[i + 1 :])
+            ahead = any(s.resume.reads_ahead for s in planned.stages[i + 1 :])
             kept = _record(stage, here, saved.get(i), ahead, progress, at)  # for state_dict()
             watched(kept, planned.stages[i + 1 :], progress)
             hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))
-            hooks.saved, hooks.history = saved.get(i), ahead
             it = stage.apply(upstream, here, hooks)
             if i in cuts:
                 it = cut(it, cuts[i])
@@ -80,10 +79,11 @@ def run(
 def _record(
     stage: Any, context: Context, saved: Any, ahead: bool, progress: Progress, at: int
 ) -> Any:
-    """The stage's record for this pass (``state_dict()`` reads it from *progress*), or
-    ``None``; with a stage after it reading ahead, one that keeps snapshots keeps one after
-    every item."""
-    kept = stage.new_record(context, saved)
+    """The stage's record for this pass, begun by its rule's record class (``state_dict()``
+    reads it from *progress*), or ``None``; with a stage after it reading ahead, one that keeps
+    snapshots keeps one after every item."""
+    record = stage.resume.record
+    kept = None if record is None else record.begin(stage, context, saved)
     if kept is not None:
         progress.deliveries[at] = kept
         if ahead:
@@ -119,7 +119,7 @@ def _source(
     start = skip.source_skip
     first = replace(context, start=start if source.seekable() else 0)
     if source.uses_hooks:  # it keeps a pool, or a record of its objects' states
-        ahead = any(s.reads_ahead for s in planned.stages)
+        ahead = any(s.resume.reads_ahead for s in planned.stages)
         saved = resume.get("source")
         hooks = Hooks(rec, None, None, resources.setdefault(-1, {}), saved, ahead)
         it: Iterator[Any] = source.iterate(first, hooks)  # type: ignore[call-arg]

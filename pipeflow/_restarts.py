@@ -15,16 +15,16 @@ them into the pass's :class:`Restarts` record and skips the first ``context.star
 
 from __future__ import annotations
 
+import functools
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeflow._context import Context, Hooks
-from pipeflow._stage import Stage
-from pipeflow.state import Record, Resume, check_inputs
+from pipeflow._context import Context
+from pipeflow.state import Form, Int, Record, Rule
 
-__all__ = ["Clean", "Restarting", "Restarts", "drive"]
+__all__ = ["RESTARTS", "Clean", "Restarts", "drive", "restarting"]
 
 
 class Clean:
@@ -53,6 +53,27 @@ class Restarts(Record):
     """
 
     __slots__ = ("inputs", "made", "start")
+
+    #: A restart point: ``{"inputs": n}`` or ``{"inputs": n, "start": m}``; at the epoch's
+    #: start (``n == 0``) the *m* outputs made again are all those consumed.
+    FORM = Form(
+        {"inputs": Int(0, "total"), "start": Int(0, "consumed", True)},
+        (
+            (
+                lambda v: (
+                    v["consumed"] is None or v["inputs"] or v.get("start", 0) == v["consumed"]
+                ),
+                lambda v: (
+                    f"{v['where']} restarts at the epoch's start but makes {v.get('start', 0)} "
+                    f"outputs again, and {v['consumed']} were consumed"
+                ),
+            ),
+        ),
+    )
+
+    @classmethod
+    def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> Restarts:
+        return cls(context.offset, context.start)
 
     def __init__(self, offset: int, start: int) -> None:
         self.inputs = array("q", [offset])
@@ -89,37 +110,26 @@ def drive(made: Iterator[Any], record: Restarts | None, start: int) -> Iterator[
             yield out
 
 
-class Restarting(Stage[Any, Any]):
-    """A stage that resumes at its restart points. Its function is a maker:
-    ``fn(items, context, stats, **config)``, yielding outputs and :class:`Clean` markers
-    (*stats* is its :class:`~pipeflow.stats.StageRecord`, or ``None``)."""
+def restarting(maker: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """The stage function of a maker ``maker(items, context, stats, **config)``: its
+    outputs without the first ``context.start``, its restart points noted in the pass's
+    record. Use it as a decorator, so the function keeps the maker's name (and pickles)."""
 
-    __slots__ = ()
-
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
+    @functools.wraps(maker)
+    def made(
+        items: Iterable[Any],
+        *,
+        context: Context,
+        stats: Any,
+        record: Restarts | None,
+        **config: Any,
     ) -> Iterator[Any]:
-        hooks = hooks or Hooks()
-        made = self._fn(upstream, context, hooks.stats, **self._config)
-        return drive(made, hooks.record, context.start)
+        return drive(maker(items, context, stats, **config), record, context.start)
 
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Where its first *k* outputs leave it is in the pass's record (:class:`Restarts`)."""
-        return Resume.recorded()
+    del made.__wrapped__  # its own signature: the loader gives it its record
+    return made
 
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Restarts:
-        return Restarts(context.offset, context.start)
 
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        """A restart point: ``{"inputs": n}`` or ``{"inputs": n, "start": m}``; at the
-        epoch's start (``n == 0``) the *m* outputs made again are all those consumed."""
-        checked = check_inputs(record, where, consumed, total)
-        if consumed is not None and checked["inputs"] == 0 and checked.get("start", 0) != consumed:
-            msg = (
-                f"load_state_dict: {where} restarts at the epoch's start but makes "
-                f"{checked.get('start', 0)} outputs again, and {consumed} were consumed"
-            )
-            raise ValueError(msg)
-        return checked
+#: The rule of a stage that resumes at its restart points (its function made by
+#: :func:`restarting`): where its first *k* outputs leave it is in the pass's record.
+RESTARTS = Rule.recorded(Restarts)

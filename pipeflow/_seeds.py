@@ -9,8 +9,8 @@ another. So a state lists every seed (:func:`slots`), a loader that loads it ado
 ones (:func:`replaced`), and its identity is compared with every seed masked (:data:`MASK`).
 
 The walk is generic over configuration values: a value under the key ``"seed"`` is a seed;
-an object with ``seed_slots()`` / ``with_seeds()`` (a stage, a loader, a source, a parallel
-stage's settings) is walked into; anything else is left alone.
+a :class:`Seeded` object (a stage, a loader, a source, a parallel stage's settings) is
+walked into through its ``seed_slots()`` / ``with_seeds()``; anything else is left alone.
 
 Examples:
     >>> import pipeflow as pf
@@ -29,6 +29,7 @@ from typing import Any
 __all__ = [
     "MASK",
     "WORKERS_SLOT",
+    "Seeded",
     "Slot",
     "config_slots",
     "config_with_seeds",
@@ -39,6 +40,22 @@ __all__ = [
 
 #: ``(owner's name, seed)``: one seed of a pipeline, in the order of :func:`slots`.
 Slot = tuple[str, int]
+
+
+class Seeded:
+    """What may hold seeds (a stage, a source, a loader, a parallel stage's settings): it
+    lists them, and makes a copy of itself with others. None, by default."""
+
+    __slots__ = ()
+
+    def seed_slots(self) -> list[Slot]:
+        """Every seed it holds, nested ones included, in order."""
+        return []
+
+    def with_seeds(self, seeds: Iterator[int]) -> Any:
+        """Itself with its seeds taken in order from *seeds* (as :meth:`seed_slots` lists
+        them); itself when none changes."""
+        return self
 
 
 #: The end of the name of a parallel stage's workers' seed (``"parallel_map workers"``): it seeds
@@ -78,7 +95,7 @@ def config_slots(owner: str, config: Mapping[str, Any]) -> list[Slot]:
     for key, value in config.items():
         if _is_seed(key, value):
             out.append((owner, value))
-        elif hasattr(value, "seed_slots"):  # a parallel stage's settings: its workers' seed
+        elif isinstance(value, Seeded):  # a parallel stage's settings: its workers' seed
             out.extend(
                 (owner + WORKERS_SLOT if name == WORKERS_SLOT else name, seed)
                 for name, seed in value.seed_slots()
@@ -92,7 +109,7 @@ def config_with_seeds(config: Mapping[str, Any], seeds: Iterator[int]) -> dict[s
     for key, value in config.items():
         if _is_seed(key, value):
             out[key] = next(seeds)
-        elif hasattr(value, "with_seeds"):
+        elif isinstance(value, Seeded):
             out[key] = value.with_seeds(seeds)
         else:
             out[key] = value

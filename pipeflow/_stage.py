@@ -15,8 +15,8 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._context import Context, Hooks
 from pipeflow._hints import not_iterable, operand_error, pipeflow_kind
-from pipeflow._seeds import config_slots, config_with_seeds
-from pipeflow.state import Resume
+from pipeflow._seeds import Seeded, config_slots, config_with_seeds
+from pipeflow.state import Rule
 
 __all__ = ["Pipe", "Source", "Stage", "or_stranger"]
 
@@ -46,7 +46,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else _repr.repr(value)
 
 
-class Stage(Generic[In, Out]):
+#: The methods through which a stage told the loader how it resumes, before the rule was
+#: declared as data (:class:`~pipeflow.state.Rule`): a subclass that still defines one is
+#: refused, so that its override is not silently ignored.
+_GONE = frozenset({"resumption", "new_record", "check_record", "identity", "reads_ahead"})
+
+
+class Stage(Seeded, Generic[In, Out]):
     """A pipeline stage: a generator function and its frozen configuration.
 
     Most users never build a :class:`Stage` by hand: the factories (:func:`pipeflow.batch`,
@@ -59,8 +65,16 @@ class Stage(Generic[In, Out]):
         config: the keyword configuration, already validated.
         length: how the stage changes the number of items (see ``LengthRule``).
         skip: when resuming skips this stage's first ``k`` outputs by skipping its first
-            ``skip(k)`` inputs: ``"same"`` for a map, a function for a batch, ``None``
-            (replay them) otherwise. :meth:`resumption` answers from it.
+            ``skip(k)`` inputs: ``"same"`` for a map, a function of ``k`` and the
+            configuration for a batch, ``None`` (replay them) otherwise: the stage's
+            :attr:`resume` rule, ``Rule.below(skip)`` or ``Rule.replay()``.
+        resume: the stage's rule, given whole (instead of *skip*): a
+            :class:`~pipeflow.state.Rule` that seeks, or keeps a record of each pass. The
+            stage function gets what the loader keeps for it by declaring keyword-only
+            parameters, as it gets ``context``: ``record`` (the pass's record, made by the
+            rule's recorder), ``stats`` (its statistics' row, or ``None``), ``resources``
+            (what it keeps across passes, by key) and ``delivered`` (the numbers of the
+            items an out-of-order stage delivered before the pass resumed).
         dataset: the dataset this stage reads by key (``fetch``): errors in the stages
             after it name the sample indices, and workers report it in ``WorkerInfo``.
         compute: ``compute(upstream, **config)``, the stage's answer to the planning step
@@ -94,10 +108,21 @@ class Stage(Generic[In, Out]):
         "_fn",
         "_length",
         "_name",
-        "_skip",
-        "_wants_context",
-        "_wants_epoch",
+        "_resume",
+        "_wants",
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        gone = sorted(set(vars(cls)) & _GONE)
+        if gone:
+            msg = (
+                f"{cls.__qualname__} defines {gone[0]}(), which pipeflow no longer calls: a "
+                "stage declares how it resumes once, as data (Stage(..., skip=...) or "
+                "resume=pipeflow.state.Rule(...)), and its function gets its record as its "
+                "'record' keyword; see the reference page 'Your own stages'"
+            )
+            raise TypeError(msg)
 
     def __init__(
         self,
@@ -111,17 +136,22 @@ class Stage(Generic[In, Out]):
         dataset: Any = None,
         failures: Literal["bypass", "mark", "pass"] = "bypass",
         compute: Callable[..., Any] | None = None,
+        resume: Rule | None = None,
     ) -> None:
+        if resume is None:
+            resume = Rule.replay() if skip is None else Rule.below(skip)
+        elif skip is not None:
+            msg = f"stage {name!r}: give skip= or resume=, not both (got {skip!r} and {resume!r})"
+            raise TypeError(msg)
         self._fn = fn
         self._compute = compute
         self._failures = failures
         self._factory = factory
-        self._skip = skip
+        self._resume = resume
         self._dataset = dataset
-        self._wants_context = _takes_keyword(fn, "context")
+        self._wants = tuple(k for k in _GIVEN if _takes_keyword(fn, k))
         self._name = name
         self._config: dict[str, Any] = dict(config or {})
-        self._wants_epoch = _takes_keyword(fn, "epoch")
         self._length = length  # set last: from here on the stage is frozen
 
     # -- the recipe -------------------------------------------------------------------------
@@ -150,19 +180,27 @@ class Stage(Generic[In, Out]):
         """The dataset this stage reads by key (a ``fetch``), else ``None``."""
         return self._dataset
 
+    @property
+    def resume(self) -> Rule:
+        """How a resumed pass skips this stage's first outputs (see :mod:`pipeflow.state`)."""
+        return self._resume
+
     def apply(
         self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
     ) -> Iterator[Out]:
         """Return a fresh iterator of this stage's output over *upstream*.
 
-        *hooks* carries the loader's private handles (statistics, resumption records) for
-        the stages that use them; the stage function itself only ever sees *context*.
+        *hooks* carries the loader's private handles (statistics, the pass's record, what
+        the stage keeps across passes); the stage function gets those it declares as
+        keyword-only parameters (see the class's text), as it gets ``context``.
         """
-        extra: dict[str, Any] = {}
-        if self._wants_epoch:
-            extra["epoch"] = context.epoch
-        if self._wants_context:
-            extra["context"] = context
+        wants = self._wants
+        if not wants:
+            extra: dict[str, Any] = {}
+        elif wants == ("context",):  # the common case, per item in a worker: no lookups
+            extra = {"context": context}
+        else:
+            extra = {k: _given(k, context, hooks) for k in wants}
         it = self._fn(upstream, **self._config, **extra)
         if not isinstance(it, Iterator):
             msg = (
@@ -181,52 +219,9 @@ class Stage(Generic[In, Out]):
             return n
         return rule(n, **self._config)
 
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """How a resumed pass skips this stage's first *k* outputs (see :mod:`pipeflow.state`).
-
-        *context* is the stage's context in the pass (``None`` when a state is being taken).
-        """
-        rule = self._skip
-        if rule is None:
-            return Resume.replay()
-        return Resume.below(k if rule == "same" else rule(k, **self._config))
-
-    def identity(self) -> list[str]:
-        """What a saved state compares to tell whether it comes from a pipeline like this
-        one (:meth:`pipeflow.Loader.load_state_dict`): the texts of the stages this stage
-        stands for, its repr by default. A stage whose runtime knobs do not change its
-        output (``parallel_map``'s worker count) leaves them out, so that a state moves
-        between runs that differ only in them."""
-        return [repr(self)]
-
     def context_after(self, context: Context) -> Context:
         """The context the next stage sees (this stage may publish ``facts`` for it)."""
         return context
-
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
-        """What this stage records in a pass for ``state_dict()`` (a stage whose
-        :meth:`resumption` answers ``recorded``), given *saved*, its record in the state
-        the pass resumes from (``None`` when it starts the epoch); ``None`` for the others.
-        The object's ``after(consumed)`` gives the stage's record once the consumer took
-        *consumed* of the pass's outputs (see :mod:`pipeflow.state`)."""
-        return None
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        """Refuse a *record* for this stage in a state being loaded that :meth:`new_record`'s
-        ``after`` could not have made (a ``ValueError`` naming *where* and the key); return it
-        as the next pass should get it. *consumed*: how many of this stage's outputs the
-        state's position says were consumed, *total*: its inputs per epoch (``None`` where
-        unknown). A map takes the record of a ``parallel_map`` in order that ran it with
-        workers (how many items it took; its workers' generators are left behind); a
-        stage that keeps no record refuses any other."""
-        if self._skip == "same" and isinstance(record, dict) and "inputs" in record:
-            from pipeflow._state_check import map_record_inline
-
-            return map_record_inline(record, where, consumed, total)
-        msg = f"load_state_dict: {where} holds a record, but this stage keeps none"
-        raise ValueError(msg)
 
     def drops_failures(self) -> tuple[type[BaseException], ...]:
         """The exception types whose failed items this stage drops (``ignore_errors``)."""
@@ -245,11 +240,6 @@ class Stage(Generic[In, Out]):
     #: whose iterator knows what it has left, it reads that iterator directly, unwatched,
     #: and the source's row in ``stats()`` counts what it took (see :mod:`pipeflow._plan`).
     reads_in_runs = False
-
-    #: Whether the stage reads its input ahead of its consumer (a parallel stage, a
-    #: prefetching thread): then the stateful objects above it keep a snapshot after every
-    #: item, so a state is taken where the consumer stood (see :mod:`pipeflow._objects`).
-    reads_ahead = False
 
     def without_torch(self) -> Stage[In, Out]:
         """This stage as a worker that has not imported torch should run it (the same one,
@@ -335,7 +325,7 @@ class Stage(Generic[In, Out]):
             self._name,
             self._config,
             self._length,
-            self._skip,
+            self._resume,
             self._dataset,
             self._failures,
             self._compute,
@@ -353,7 +343,7 @@ def _rebuild(
     name: str,
     config: dict[str, Any],
     length: LengthRule,
-    skip: LengthRule = None,
+    resume: Rule | None = None,
     dataset: Any = None,
     failures: Any = "bypass",
     compute: Callable[..., Any] | None = None,
@@ -365,7 +355,7 @@ def _rebuild(
         name,
         config,
         length=length,
-        skip=skip,
+        resume=resume,
         dataset=dataset,
         failures=failures,
         compute=compute,
@@ -406,15 +396,6 @@ class Pipe(Stage[In, Out]):
             it = s.apply(it, context)
             context = s.context_after(context)
         return iter(it)
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Thread *k* back through every stage: ``below`` when each of them is."""
-        for s in reversed(self._stages):
-            answer = s.resumption(k, None)
-            if answer.kind != "below":
-                return Resume.replay()
-            k = answer.inputs
-        return Resume.below(k)
 
     def length(self, n: int) -> int | None:
         """Thread *n* through every stage's length rule."""
@@ -481,6 +462,28 @@ def _has_ror(other: object) -> bool:
     return any(vars(c).get("__ror__") is not None for c in type(other).__mro__)
 
 
+#: What the loader gives a stage function that declares it as a keyword-only parameter (see
+#: :class:`Stage`), in this order.
+_GIVEN = ("epoch", "context", "record", "stats", "resources", "delivered")
+
+
+def _given(name: str, context: Context, hooks: Hooks | None) -> Any:
+    """The value of the keyword *name* (one of :data:`_GIVEN`) for a stage function."""
+    if name == "epoch":
+        return context.epoch
+    if name == "context":
+        return context
+    if hooks is None:
+        return {} if name == "resources" else frozenset() if name == "delivered" else None
+    if name == "record":
+        return hooks.record
+    if name == "stats":
+        return hooks.stats
+    if name == "resources":
+        return hooks.resources
+    return hooks.resume or frozenset()  # delivered
+
+
 def _no_fn(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - never called
     raise AssertionError
 
@@ -494,7 +497,7 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
     return p is not None and p.kind is inspect.Parameter.KEYWORD_ONLY
 
 
-class Source(Generic[Out]):
+class Source(Seeded, Generic[Out]):
     """Where items enter a pipeline. Subclasses implement :meth:`iterate` and :meth:`length`."""
 
     name: str = "source"

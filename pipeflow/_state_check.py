@@ -24,6 +24,7 @@ from pipeflow._seeds import is_workers, replaced
 from pipeflow.state import (
     READS,
     VERSION,
+    Rule,
     check_inputs,
     fingerprint,
     flat_index,
@@ -31,6 +32,7 @@ from pipeflow.state import (
     plan,
     record_keys,
     seeds,
+    skipped,
     taken,
 )
 
@@ -38,6 +40,7 @@ __all__ = [
     "Loaded",
     "check",
     "check_pass_record",
+    "check_record",
     "check_workers",
     "map_record_inline",
     "same_workers",
@@ -76,7 +79,7 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
         _check_digests(stages, state)
     verify_data(source, stages, records)
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
-    skip = plan(stages, [None] * len(stages), resume).source_skip
+    skip = plan(stages, resume).source_skip
     if "source" in state:
         resume["source"] = source.check_record(state["source"], skip)
         running, *_ = replaced([source, *stages], iter(adopted))
@@ -105,7 +108,7 @@ def check_pass_record(
     records = _check_records(stages, _totals(source, stages), state)
     verify_data(source, stages, records, f"{where}['stages']")
     out: dict[str, Any] = {"position": position, "stages": records}
-    skip = plan(stages, [None] * len(stages), out).source_skip
+    skip = plan(stages, out).source_skip
     if "source" in record:
         out["source"] = source.check_record(record["source"], skip)
     elif skip and source.requires_record():
@@ -292,18 +295,35 @@ def _check_records(
     for i in range(len(stages) - 1, -1, -1):
         where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
         if i in records:
-            out[i] = stages[i].check_record(records[i], where, k, totals[i])
+            out[i] = check_record(stages[i], records[i], where, k, totals[i])
             k = taken(out[i])  # what it took of its inputs
         else:
-            answer = stages[i].resumption(k, None)
-            if answer.kind == "recorded" and k > 0:  # without it the rest can't be told
+            if stages[i].resume.kind == "recorded" and k > 0:  # the rest can't be told
                 msg = (
                     f"{where} is missing: the stage keeps a record, and {k} of its outputs "
                     "were consumed"
                 )
                 raise _fail(msg)
-            k = answer.inputs if answer.kind == "below" else 0  # replayed from the start
+            k = skipped(stages[i], k) or 0  # replayed from the start
     return out
+
+
+def check_record(
+    stage: Any, record: Any, where: str, consumed: int | None, total: int | None
+) -> dict[str, Any]:
+    """Refuse a *record* for *stage* that its rule's recorder could not have made (a
+    ``ValueError`` naming *where* and the key); return it as the next pass gets it.
+    *consumed*: how many of the stage's outputs the state's position says were consumed,
+    *total*: its inputs per epoch (``None`` where unknown). A map takes the record of a
+    ``parallel_map`` in order that ran it with workers (how many items it took; its
+    workers' generators are left behind); a stage that keeps no record refuses any other."""
+    rule: Rule = stage.resume
+    if rule.record is not None:
+        return rule.record.check(stage, record, where, consumed, total)
+    if rule.per == "same" and isinstance(record, dict) and "inputs" in record:
+        return map_record_inline(record, where, consumed, total)
+    msg = f"load_state_dict: {where} holds a record, but this stage keeps none"
+    raise ValueError(msg)
 
 
 def verify_data(
@@ -312,9 +332,9 @@ def verify_data(
     """Refuse checked records whose data changed since the state was taken: each stage that
     can tell (a reader: the shard it stopped in, :mod:`pipeflow.readers._versions`) looks."""
     for i, record in records.items():
-        verify = getattr(stages[i], "verify_record", None)
+        verify = stages[i].resume.verify
         if verify is not None and isinstance(record, dict):
-            verify(record, f"{where}[{str(flat_index(stages, i))!r}]", source)
+            verify(stages[i], record, f"{where}[{str(flat_index(stages, i))!r}]", source)
 
 
 def _check_passes(
@@ -322,15 +342,15 @@ def _check_passes(
 ) -> None:
     """Refuse a checked record that belongs to another pass than the one the state resumes
     (a buffer shuffle's, from another epoch or seed): the stages that keep such records say
-    so through ``check_pass(record, where, epoch)``, as they will run (with *adopted*)."""
-    if not any(hasattr(stages[i], "check_pass") for i in records):
+    so through their rule's ``check_pass``, as they will run (with *adopted*)."""
+    if not any(stages[i].resume.check_pass is not None for i in records):
         return
     _, *running = replaced([source, *stages], iter(adopted))
     for i, record in records.items():
-        check_pass = getattr(running[i], "check_pass", None)
+        check_pass = running[i].resume.check_pass
         if check_pass is not None:
             where = f"state['stages'][{str(flat_index(stages, i))!r}] (stage {stages[i].name!r})"
-            check_pass(record, where, epoch)
+            check_pass(running[i], record, where, epoch)
 
 
 def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:

@@ -11,7 +11,7 @@ from pipeflow import _checks
 from pipeflow._budget import budget_batch
 from pipeflow._context import Context
 from pipeflow._plan import Batches, Positions
-from pipeflow._restarts import Clean, Restarting
+from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
 
 __all__ = ["batch", "unbatch"]
@@ -126,9 +126,10 @@ def unbatch() -> Stage[Iterable[T], T]:
         >>> list(pf.from_iterable([[1, 2], [3]]) | pf.unbatch())
         [1, 2, 3]
     """
-    return Restarting(_unbatch, "unbatch", {})
+    return Stage(_unbatch, "unbatch", {}, resume=RESTARTS)
 
 
+@restarting
 def _unbatch(batches: Iterable[Iterable[T]], context: Context, stats: Any) -> Iterator[Any]:
     """Every batch's items; before each batch, a restart point (a resumed pass restarts at
     the batch the consumer stood in, and skips the items of it that were consumed)."""

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from pipeflow import _checks, _lengths
-from pipeflow._context import Context, Hooks
+from pipeflow._context import Context
 from pipeflow._random import BUCKET, check_seed, derive, fresh_seed, numpy_rng
-from pipeflow._restarts import Clean, Restarting
+from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
-from pipeflow.state import Resume
+from pipeflow.state import Rule
 
 __all__ = ["bucket"]
 
@@ -137,10 +137,11 @@ def bucket(
     if table is not None:
         config = {"boundaries": boundaries, "lengths": table, **sizes, "seed": seed}
         config["drop_last"] = drop_last
-        return _IndexBuckets(_by_index, "bucket", config, length=_index_length)  # type: ignore[arg-type]
+        length_ = _index_length
+        return Stage(_by_index, "bucket", config, length=length_, resume=_BY_INDEX)  # type: ignore[arg-type]
     config = {"boundaries": boundaries, "length": length, **sizes, "window": window}
     config.update(seed=seed, drop_last=drop_last)
-    return Restarting(_by_window, "bucket", config)
+    return Stage(_by_window, "bucket", config, resume=RESTARTS)
 
 
 def _source_of_lengths(
@@ -228,24 +229,14 @@ def _cuts(count: int, size: int, drop_last: bool) -> range:
 
 
 # -- with a table of lengths: an epoch of indices at a time -----------------------------------
-class _IndexBuckets(Stage[Any, list[Any]]):
-    """``bucket(lengths=...)``: it reads a whole epoch, so it starts at any batch (seek)."""
+def _table_identity(stage: Stage[Any, Any]) -> list[str]:
+    """Its repr, and the digest of its table: a state from another table is refused."""
+    return [f"{stage!r} # lengths {stage.config['lengths'].digest()}"]
 
-    __slots__ = ()
 
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[list[Any]]:
-        stats = hooks.stats if hooks is not None else None
-        return self._fn(upstream, context, stats, **self._config)
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Seek: it skips its first *k* batches itself (reading the indices again is cheap)."""
-        return Resume.seek()
-
-    def identity(self) -> list[str]:
-        """Its repr, and the digest of its table: a state from another table is refused."""
-        return [f"{self!r} # lengths {self._config['lengths'].digest()}"]
+#: ``bucket(lengths=...)`` reads a whole epoch, so it starts at any batch (it seeks:
+#: reading the indices again is cheap).
+_BY_INDEX = Rule.seek(identity=_table_identity)
 
 
 def _table_sizes(
@@ -298,7 +289,7 @@ def _read_indices(items: Iterable[Any], size: int) -> np.ndarray[Any, Any]:
 
 
 def _by_index(
-    items: Iterable[Any], context: Context, stats: Any, boundaries: tuple[int, ...],
+    items: Iterable[Any], *, context: Context, stats: Any, boundaries: tuple[int, ...],
     lengths: Lengths, batch_size: Any, max_tokens: Any, seed: int, drop_last: bool,
 ) -> Iterator[list[int]]:  # fmt: skip
     """An epoch's batches of indices, from its batch ``context.start`` on."""
@@ -321,6 +312,7 @@ def _by_index(
 
 
 # -- with a function of an item: a window at a time -------------------------------------------
+@restarting
 def _by_window(
     items: Iterable[Any], context: Context, stats: Any, boundaries: tuple[int, ...],
     length: Callable[[Any], Any], batch_size: Any, max_tokens: Any, window: int, seed: int,

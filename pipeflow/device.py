@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from pipeflow import _checks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
+from pipeflow.state import Rule
 
 __all__ = ["pin_memory", "to_device"]
 
@@ -65,14 +66,11 @@ def pin_memory(*, prefetch: int = 2) -> Stage[T, T]:
     """
     prefetch = _checks.integer("pin_memory", "prefetch", prefetch, low=1)
     config = {"prefetch": prefetch}
-    return _Ahead(_pin_memory, "pin_memory", config, length="same", skip="same", failures="pass")
+    return Stage(_pin_memory, "pin_memory", config, length="same", resume=_AHEAD, failures="pass")
 
 
-class _Ahead(Stage[T, T]):
-    """A stage that reads its input ahead of its consumer, in a thread."""
-
-    __slots__ = ()
-    reads_ahead = True
+#: It reads its input ahead of its consumer, in a thread: a map that reads ahead.
+_AHEAD = Rule.below("same", reads_ahead=True)
 
 
 def _accelerator() -> bool:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeflow._context import Context, Hooks
+from pipeflow._context import Context
 from pipeflow._coroutines import refuse
 from pipeflow._failure import Failure
-from pipeflow._objects import MISSING, Snapshots, check_snapshot, is_stateful, snapshot
+from pipeflow._objects import Snapshots, is_stateful, snapshot
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
-from pipeflow.state import Resume, check_inputs
+from pipeflow.state import Form, Int, Rule, Value, flag
 
 __all__ = ["fetch"]
 
@@ -48,66 +48,41 @@ def fetch(dataset: Any, *, batched: bool | None = None) -> Stage[Any, Any]:
         raise TypeError(msg)
     refuse("fetch", "dataset.__getitem__", getattr(type(dataset), "__getitem__", None))
     config = {"dataset": dataset, "batched": batched}
-    return _Fetch(
-        _fetch, "fetch", config, length="same", skip="same", dataset=dataset, failures="mark"
+    fn: Callable[..., Iterator[Any]]
+    if is_stateful(dataset):
+        fn, resume = _fetch_stateful, _STATEFUL
+    else:
+        fn, resume = _fetch, Rule.below("same")
+    return Stage(
+        fn, "fetch", config, length="same", resume=resume, dataset=dataset, failures="mark"
     )
 
 
-class _Fetch(Stage[Any, Any]):
-    """``fetch``: a stateful dataset (one with ``state_dict()``, see :mod:`pipeflow._objects`)
-    that it reads in this process is saved with the loader's state, as of the samples the
-    consumer received, and restored when a resumed pass fetches its first sample — after
-    the pass's first index was drawn, so that a sampler drawing from the same generators
-    (torch's global one) draws what it drew."""
-
-    __slots__ = ()
-
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[Any]:
-        snaps = hooks.record if hooks is not None else None
-        if snaps is None:
-            return super().apply(upstream, context, hooks)
-        saved = hooks.saved if hooks is not None else None
-        if saved is not None and saved.get("early"):  # as the pass starts
-            if saved.get("object") is not None:
-                self._dataset.load_state_dict(saved["object"])
-            snaps.live = True
-        elif saved is not None:  # where the consumer stood: once the first index has come
-            upstream = _restoring(upstream, self._dataset, saved, snaps)
-        out: Iterator[Any] = snaps.tracking(super().apply(upstream, context, hooks), context.start)
-        return out
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """A map; with a stateful dataset, the pass's record says where it stood."""
-        return Resume.recorded() if is_stateful(self._dataset) else Resume.below(k)
-
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
-        if not is_stateful(self._dataset):
-            return None
-        return _DatasetRecord(self._dataset, context, saved)
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        if not is_stateful(self._dataset):
-            return super().check_record(record, where, consumed, total)
-        if isinstance(record, dict) and "workers" in record:  # a parallel_map's, with workers
-            from pipeflow._state_check import map_record_inline
-
-            return map_record_inline(record, where, consumed, total, stateful=True)
-        checked = check_inputs(
-            record, where, consumed, total, {"at", "object", "iterator", "early"}
-        )
-        fields = {k: checked.get(k, MISSING) for k in ("at", "object", "iterator")}
-        check_snapshot(fields, where, None)
-        if checked["at"] > checked["inputs"]:
-            msg = f"load_state_dict: {where}['at'] lies after its 'inputs'"
-            raise ValueError(msg)
-        if checked["object"] is None:
-            msg = f"load_state_dict: {where}['object'] is missing: the dataset's state"
-            raise ValueError(msg)
-        return checked
+def _fetch_stateful(
+    keys: Iterable[Any],
+    dataset: Any,
+    batched: bool | None,
+    *,
+    context: Context,
+    record: _DatasetRecord | None,
+) -> Iterator[Any]:
+    """:func:`_fetch` over a stateful dataset, tracked in the pass's *record*: restored as
+    a resumed pass starts (a record from between passes, ``"early"``), else once the pass's
+    first index was drawn, so that a sampler drawing from the same generators (torch's
+    global one) draws what it drew."""
+    if record is None:
+        return _fetch(keys, dataset, batched, context=context)
+    saved = record.saved
+    if saved is not None and saved.get("early"):  # as the pass starts
+        if saved.get("object") is not None:
+            dataset.load_state_dict(saved["object"])
+        record.live = True
+    elif saved is not None:  # where the consumer stood: once the first index has come
+        keys = _restoring(keys, dataset, saved, record)
+    out: Iterator[Any] = record.tracking(
+        _fetch(keys, dataset, batched, context=context), context.start
+    )
+    return out
 
 
 class _DatasetRecord(Snapshots):
@@ -115,6 +90,35 @@ class _DatasetRecord(Snapshots):
     snapshot after each when a later stage reads ahead: the runner sets ``history``)."""
 
     __slots__ = ("first", "saved")
+
+    #: The dataset's state (``"object"``; ``"iterator"`` is always ``None`` here) as of
+    #: input ``"at"``, at most the inputs the consumed outputs took; ``"early"``: restored
+    #: as the pass starts (a record from between passes).
+    FORM = Form(
+        {
+            "inputs": Int(0, "total"),
+            "start": Int(0, "consumed", True),
+            "at": Int(0, "inputs"),
+            "object": Value(required=True),
+            "iterator": Value(),
+            "early": Value(flag, True),
+        }
+    )
+
+    @classmethod
+    def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> _DatasetRecord:
+        return cls(stage.dataset, context, saved)
+
+    @classmethod
+    def check(
+        cls, stage: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """Its :attr:`FORM`; or, from a run with workers, a ``parallel_map``'s record."""
+        if isinstance(record, dict) and "workers" in record:
+            from pipeflow._state_check import map_record_inline
+
+            return map_record_inline(record, where, consumed, total, stateful=True)
+        return super().check(stage, record, where, consumed, total)
 
     def __init__(self, dataset: Any, context: Context, saved: dict[str, Any] | None) -> None:
         base = None if saved is None else {"object": saved["object"], "iterator": None}
@@ -155,6 +159,13 @@ class _DatasetRecord(Snapshots):
         if total > snap["at"]:
             out["start"] = total - snap["at"]
         return out
+
+
+#: ``fetch`` over a stateful dataset (one with ``state_dict()``, see
+#: :mod:`pipeflow._objects`) that it reads in this process: the dataset is saved with the
+#: loader's state, as of the samples the consumer received (the pass's record says where it
+#: stood), and restored when a resumed pass fetches its first sample.
+_STATEFUL = Rule.recorded(_DatasetRecord)
 
 
 def _restoring(

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeflow import _checks
-from pipeflow._context import Context, Hooks
+from pipeflow._context import Context
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
 from pipeflow.errors import (
@@ -21,7 +21,7 @@ from pipeflow.errors import (
     _add_note,
     describe_indices,
 )
-from pipeflow.state import Drops, Resume
+from pipeflow.state import Drops, Rule
 
 if TYPE_CHECKING:
     from pipeflow.stats import StageRecord
@@ -44,26 +44,12 @@ class ErrorBudgetExceeded(PipeflowError):
 class _IgnoreErrors(Stage[T, T]):
     __slots__ = ()
 
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[T]:
-        hooks = hooks or Hooks()
-        return _ignore(upstream, context, hooks, **self._config)
-
     def drops_failures(self) -> tuple[type[BaseException], ...]:
         return tuple(self._config["exceptions"])
 
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """What its first *k* outputs took of its inputs is in the pass's record."""
-        return Resume.recorded()
 
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
-        return Drops(context.offset, saved.get("dropped", 0) if saved else 0)
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        return Drops.check(record, where, consumed, total)
+#: What its first *k* outputs took of its inputs is in the pass's record (:class:`Drops`).
+_IGNORE = Rule.recorded(Drops)
 
 
 def ignore_errors(
@@ -132,22 +118,22 @@ def ignore_errors(
     config = {"exceptions": kinds, "max_count": max_count, "max_fraction": max_fraction}
     # len() counts the items before any is dropped (a batch that loses samples is still
     # one batch; an item dropped whole makes the epoch shorter than len() says).
-    return _IgnoreErrors(_no_call, "ignore_errors", config, length="same", failures="pass")
-
-
-def _no_call(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - apply overrides
-    raise AssertionError
+    return _IgnoreErrors(
+        _ignore, "ignore_errors", config, length="same", failures="pass", resume=_IGNORE
+    )
 
 
 def _ignore(
     items: Iterable[Any],
-    context: Context,
-    hooks: Hooks,
     exceptions: tuple[type[BaseException], ...],
     max_count: int | None,
     max_fraction: float | None,
+    *,
+    context: Context,
+    stats: StageRecord | None,
+    record: Drops | None,
 ) -> Iterator[Any]:
-    stats, drops = hooks.stats, hooks.record
+    drops = record
     total = context.total  # this stage's items per epoch (its inputs, less what it drops)
     limit = _limit(max_count, max_fraction, total)
     dropped: list[Failure] = []

@@ -15,7 +15,7 @@ from pipeflow._hints import not_an_iterator, operand_error, unread_indices, warn
 from pipeflow._layout import layout
 from pipeflow._plan import PassPlan, plan
 from pipeflow._random import DrawnSeed
-from pipeflow._seeds import replaced, slots
+from pipeflow._seeds import Seeded, replaced, slots
 from pipeflow._stage import Source, Stage, or_stranger
 from pipeflow._state_check import Loaded, check
 from pipeflow.state import Progress, flat_index, light, reread_after_unordered, take
@@ -29,7 +29,7 @@ Out = TypeVar("Out", covariant=True)
 _WIDTH = 88  # a stage's line in a loader's repr longer than this is opened up
 
 
-class Loader(Generic[Out]):
+class Loader(Seeded, Generic[Out]):
     """A source followed by stages: re-iterable, epoch-aware, sized when it can be.
 
     Every ``iter()`` rebuilds the chain of generators and starts the next epoch, so two plain

@@ -353,9 +353,9 @@ class _Mix(Source[Any]):
             by_flat = {flat_index(loader.stages, k): k for k in range(len(loader.stages))}
             for key, saved in child.get("stages", {}).items():
                 stage = loader.stages[by_flat[int(key)]]
-                check = getattr(stage, "check_pass", None)
+                check = stage.resume.check_pass
                 if check is not None:
-                    check(saved, f"{place}['stages'][{key!r}] (stage {stage.name!r})", run)
+                    check(stage, saved, f"{place}['stages'][{key!r}] (stage {stage.name!r})", run)
             if child.get("source") is not None:
                 loader.source.check_pass(child["source"], f"{place}['source']", run)
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeflow import _checks, _lengths
 from pipeflow._context import Context
-from pipeflow._restarts import Clean, Restarting
+from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
 
 __all__ = ["pack"]
@@ -76,7 +76,8 @@ def pack(
     _checks.one_of("pack", "method", method, ("first_fit", "concat"))
     pad = _checks.integer("pack", "pad", pad)
     config = {"length": length, "window": window, "method": method, "pad": pad}
-    return Restarting(_first_fit if method == "first_fit" else _concat, "pack", config)
+    maker = _first_fit if method == "first_fit" else _concat
+    return Stage(maker, "pack", config, resume=RESTARTS)
 
 
 def _sequence(item: Any) -> np.ndarray[Any, Any]:
@@ -115,6 +116,7 @@ def _flush(
         yield _row(pieces, length, pad)
 
 
+@restarting
 def _first_fit(
     items: Iterable[Any], context: Context, stats: Any, length: int, window: int, method: str,
     pad: int,
@@ -145,6 +147,7 @@ def _first_fit(
     yield from _flush(bins, used, length, pad, stats)
 
 
+@restarting
 def _concat(
     items: Iterable[Any], context: Context, stats: Any, length: int, window: int, method: str,
     pad: int,

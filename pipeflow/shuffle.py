@@ -8,12 +8,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow import _checks
-from pipeflow._context import Context, Hooks
+from pipeflow._context import Context
 from pipeflow._permutation import Permutation
 from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage
-from pipeflow.state import Record, Resume, check_inputs, integer, record_keys
+from pipeflow.state import Form, Int, Record, Rule
 
 __all__ = ["shuffle"]
 
@@ -69,13 +69,12 @@ def shuffle(
             msg = f"shuffle: a torch generator's seed must be below 2**63 (got {seed})"
             raise ValueError(msg)
         config = {"seed": seed, "generator": "torch"}
-        return _FullShuffle(_permute_torch, "shuffle", config, length="same")
+        return _FullShuffle(_permute_torch, "shuffle", config, length="same", resume=_SEEK)
     if buffer_size is None:
-        return _FullShuffle(_permute, "shuffle", {"seed": seed}, length="same")
+        return _FullShuffle(_permute, "shuffle", {"seed": seed}, length="same", resume=_SEEK)
     buffer_size = _checks.optional_integer("shuffle", "buffer_size", buffer_size, low=1)
-    return _BufferShuffle(
-        _buffer_shuffle, "shuffle", {"seed": seed, "buffer_size": buffer_size}, length="same"
-    )
+    config = {"seed": seed, "buffer_size": buffer_size}
+    return Stage(_buffer_shuffle, "shuffle", config, length="same", resume=_BUFFER)
 
 
 class _FullShuffle(Stage[T, T]):
@@ -83,10 +82,6 @@ class _FullShuffle(Stage[T, T]):
     computes it (see :mod:`pipeflow._plan`)."""
 
     __slots__ = ()
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Seek: the permutation starts at output *k*."""
-        return Resume.seek()
 
     def computed(self, upstream: Any) -> Positions | None:
         """Over positions: the same positions, permuted from ``(seed, epoch)``."""
@@ -115,76 +110,19 @@ def _permute_torch(
     yield from map(pool.__getitem__, tail)
 
 
-class _BufferShuffle(Stage[T, T]):
-    """A buffer shuffle: resumed exactly by a deterministic refill (see :class:`Buffer`)."""
-
-    __slots__ = ()
-
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[T]:
-        hooks = hooks or Hooks()
-        c = self._config
-        return _buffer_shuffle(upstream, c["seed"], c["buffer_size"], context, hooks)
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Where its first *k* outputs leave it is in the pass's record."""
-        return Resume.recorded()
-
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Buffer:
-        c = self._config
-        return Buffer(c["buffer_size"], c["seed"], context.epoch, saved)
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        """``{"inputs": n, "made": t, "read": r, "epoch": e, "seed": s}``: *t* outputs made
-        from *r* inputs, *n* at most *t* (every input before the buffer's oldest item went
-        out); which pass it is from, *e* and *s*, is checked by :meth:`check_pass`."""
-        record_keys(record, where, {"inputs", "made", "read", "epoch", "seed"}, set())
-        checked = check_inputs(record, where, None, None, {"made", "read", "epoch", "seed"})
-        made = integer(checked["made"], f"{where}['made']", 0, consumed)
-        read = integer(checked["read"], f"{where}['read']", 0, total)
-        epoch = integer(checked["epoch"], f"{where}['epoch']")
-        seed = integer(checked["seed"], f"{where}['seed']", 0, 2**64 - 1)
-        size = self._config["buffer_size"]
-        # a batch after it counts its last, short batch as full: past the end is the end
-        if consumed is not None and made != consumed and not (made < consumed and made == read):
-            msg = f"load_state_dict: {where} made {made} outputs, the position says {consumed}"
-            raise ValueError(msg)
-        if not max(read - size, 0) <= made <= read:
-            msg = (
-                f"load_state_dict: {where}: a buffer of {size} can't make {made} outputs from "
-                f"{read} inputs"
-            )
-            raise ValueError(msg)
-        if checked["inputs"] > made:  # every input before the oldest buffered one went out
-            msg = (
-                f"load_state_dict: {where}['inputs'] must be at most {made}, the outputs made "
-                f"(got {checked['inputs']})"
-            )
-            raise ValueError(msg)
-        return {
-            "inputs": checked["inputs"],
-            "made": made,
-            "read": read,
-            "epoch": epoch,
-            "seed": seed,
-        }
-
-    def check_pass(self, record: dict[str, Any], where: str, epoch: int) -> None:
-        """Refuse a (checked) record from a pass of another epoch or seed than the pass the
-        state resumes, epoch *epoch* of this stage (its seeds as the state gives them): its
-        buffer would be refilled with other inputs, and the rest of the epoch would repeat
-        some items and lose others."""
-        seed = int(self._config["seed"])
-        if record["epoch"] != epoch or record["seed"] != seed:
-            msg = (
-                f"load_state_dict: {where} is the buffer of a pass of epoch {record['epoch']} "
-                f"with seed {record['seed']}, but the state resumes epoch {epoch} with seed "
-                f"{seed}: the record is from another state; take the state again"
-            )
-            raise ValueError(msg)
+def _check_pass(stage: Stage[Any, Any], record: dict[str, Any], where: str, epoch: int) -> None:
+    """Refuse a (checked) record from a pass of another epoch or seed than the pass the
+    state resumes, epoch *epoch* of *stage* (its seeds as the state gives them): its buffer
+    would be refilled with other inputs, and the rest of the epoch would repeat some items
+    and lose others."""
+    seed = int(stage.config["seed"])
+    if record["epoch"] != epoch or record["seed"] != seed:
+        msg = (
+            f"load_state_dict: {where} is the buffer of a pass of epoch {record['epoch']} "
+            f"with seed {record['seed']}, but the state resumes epoch {epoch} with seed "
+            f"{seed}: the record is from another state; take the state again"
+        )
+        raise ValueError(msg)
 
 
 def replay(
@@ -218,10 +156,56 @@ class Buffer(Record):
     positions only, re-reading the buffer's span (about ``size * ln(size)`` inputs) instead
     of the epoch."""
 
-    __slots__ = ("epoch", "first", "seed", "size", "snaps")
+    __slots__ = ("epoch", "first", "saved", "seed", "size", "snaps")
+
+    #: ``{"inputs": n, "made": t, "read": r, "epoch": e, "seed": s}``: *t* outputs made from
+    #: *r* inputs (as many as consumed, or all there were), *n* at most *t* (every input
+    #: before the buffer's oldest item went out); which pass it is from, *e* and *s*, is
+    #: checked by :func:`_check_pass`.
+    FORM = Form(
+        {
+            "inputs": Int(0),
+            "made": Int(0, "consumed"),
+            "read": Int(0, "total"),
+            "epoch": Int(0),
+            "seed": Int(0, 2**64 - 1),
+        },
+        (
+            # a batch after it counts its last, short batch as full: past the end is the end
+            (
+                lambda v: (
+                    v["consumed"] is None or v["made"] == v["consumed"] or v["made"] == v["read"]
+                ),
+                lambda v: (
+                    f"{v['where']} made {v['made']} outputs, the position says {v['consumed']}"
+                ),
+            ),
+            (
+                lambda v: (
+                    max(v["read"] - v["stage"].config["buffer_size"], 0) <= v["made"] <= v["read"]
+                ),
+                lambda v: (
+                    f"{v['where']}: a buffer of {v['stage'].config['buffer_size']} can't make "
+                    f"{v['made']} outputs from {v['read']} inputs"
+                ),
+            ),
+            (
+                lambda v: v["inputs"] <= v["made"],
+                lambda v: (
+                    f"{v['where']}['inputs'] must be at most {v['made']}, the outputs made "
+                    f"(got {v['inputs']})"
+                ),
+            ),
+        ),
+    )
+
+    @classmethod
+    def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> Buffer:
+        c = stage.config
+        return cls(c["buffer_size"], c["seed"], context.epoch, saved)
 
     def __init__(self, size: int, seed: int, epoch: int, saved: dict[str, Any] | None) -> None:
-        self.size, self.seed, self.epoch = size, seed, epoch
+        self.size, self.seed, self.epoch, self.saved = size, seed, epoch, saved
         self.snaps: deque[tuple[int, int, Any, list[int], bool]] = deque(maxlen=8)
         self.first = dict(saved) if saved else _record([], 0, 0, seed, epoch)
 
@@ -260,16 +244,21 @@ class Buffer(Record):
         return _record(nums, consumed, read, self.seed, self.epoch)
 
 
+#: A full shuffle seeks: the permutation starts at output *k*.
+_SEEK = Rule.seek()
+#: A buffer shuffle: resumed exactly by a deterministic refill (see :class:`Buffer`).
+_BUFFER = Rule.recorded(Buffer, check_pass=_check_pass)
+
+
 def _record(nums: list[int], made: int, read: int, seed: int, epoch: int) -> dict[str, Any]:
     inputs = min(nums, default=read)
     return {"inputs": inputs, "made": made, "read": read, "epoch": epoch, "seed": int(seed)}
 
 
 def _buffer_shuffle(
-    items: Iterable[T], seed: int, buffer_size: int, context: Context, hooks: Hooks
+    items: Iterable[T], seed: int, buffer_size: int, *, context: Context, record: Buffer | None
 ) -> Iterator[T]:
-    record: Buffer | None = hooks.record
-    saved = hooks.saved
+    saved = None if record is None else record.saved
     size = buffer_size
     if saved:  # resumed: refill the buffer from the inputs since its oldest item
         _same_pass(saved, seed, context.epoch)

@@ -25,19 +25,20 @@ count. The ``digests`` bind the seeds and every record to the pipeline, and ever
 the epoch and position it was taken at (:mod:`pipeflow._seal`): a record changed after
 ``state_dict()`` gave it, or taken from another state, is refused at load.
 
-Each stage says how its first ``k`` outputs are skipped, through one method,
-:meth:`pipeflow.Stage.resumption`, which answers with a :class:`Resume`:
+Each stage declares how its first ``k`` outputs are skipped, once, when it is built: its
+:attr:`pipeflow.Stage.resume`, a :class:`Rule` (data the loader reads, not a method it calls):
 
-- ``Resume.below(n)``: skipping its first ``n`` inputs skips exactly its first ``k`` outputs
+- ``Rule.below(per)``: skipping its first ``n`` inputs skips exactly its first ``k`` outputs
   (a map: ``n = k``; a batch of 64: ``n = 64 * k``). The question moves up a stage, so the
   first ``position`` outputs of ``indices | shuffle | batch(64) | fetch | collate`` are
   skipped as the first ``64 * position`` shuffled indices: nothing consumed is fetched,
   decoded or collated again.
-- ``Resume.seek()``: the stage skips them itself, cheaply (it gets ``context.start = k``).
-- ``Resume.replay()``: the consumed items are replayed through the stage and dropped after
+- ``Rule.seek()``: the stage skips them itself, cheaply (it gets ``context.start = k``).
+- ``Rule.replay()``: the consumed items are replayed through the stage and dropped after
   it (a ``filter``: which inputs made the first ``k`` outputs is only known by running it).
-- ``Resume.recorded()``: the stage keeps a record of each pass (:meth:`pipeflow.Stage.new_record`)
-  whose ``after(consumed)`` says where it stood once the consumer had taken ``consumed`` of
+- ``Rule.recorded(recorder, check)``: the stage keeps a record of each pass (its
+  ``recorder`` makes it, and the stage's function gets it as its ``record`` keyword) whose
+  ``after(consumed)`` says where it stood once the consumer had taken ``consumed`` of
   its outputs, in one of two forms:
 
   - ``{"prefix": p, "extras": [...]}``: it delivers out of order (an unordered
@@ -64,9 +65,9 @@ import itertools
 import operator
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal
 
 from pipeflow._random import DrawnSeed
 from pipeflow._seal import digest
@@ -75,15 +76,22 @@ from pipeflow._seeds import MASK, replaced, slots
 __all__ = [
     "READS",
     "VERSION",
+    "Form",
+    "Int",
     "Kept",
     "Plan",
     "Progress",
     "Record",
-    "Resume",
+    "Rising",
+    "Rule",
+    "Value",
+    "conform",
     "digests",
     "fingerprint",
+    "flag",
     "plan",
     "seeds",
+    "skipped",
     "take",
     "taken",
     "through",
@@ -95,41 +103,219 @@ VERSION = 3
 READS = (2, 3)
 
 
+# -- what a state may hold of a record, declared once ------------------------------------------
 @dataclass(frozen=True)
-class Resume:
-    """How a stage skips its first outputs when a pass resumes (see the module's text)."""
+class Int:
+    """A field of a record: an integer in ``[low, high]``. A bound is a number, or the name
+    of a bound the validator is given (``"consumed"``, ``"total"``) or of a field declared
+    before it; a bound that is ``None`` there (unknown) does not bound."""
+
+    low: int | str = 0
+    high: int | str | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Rising:
+    """A field of a record: a list of strictly increasing integers, each above the field
+    *above* and below the bound *below* (as for :class:`Int`)."""
+
+    above: str
+    below: str | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Value:
+    """A field of a record that is not a number: any value, refused by *check(value,
+    where)* (a ``ValueError``) when given one, or when *required* is set and it is ``None``."""
+
+    check: Callable[[Any, str], Any] | None = None
+    optional: bool = False
+    required: bool = False
+
+
+#: An invariant between a record's fields and the validator's bounds: ``(holds, says)``,
+#: two functions of the mapping of both (and ``"where"``): whether it holds, and what a
+#: refusal says when it does not.
+Invariant = tuple[Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], str]]
+
+
+@dataclass(frozen=True)
+class Form:
+    """What a state may hold of a record: its fields, in order, and its invariants.
+
+    Attributes:
+        fields: every key, and what its value must be (:class:`Int`, :class:`Rising`,
+            :class:`Value`); a key not declared is refused, a declared one that is not
+            optional must be there.
+        invariants: what must hold between them (see :data:`Invariant`), checked in order
+            once every field passed.
+        keep: the fields the checked record keeps (``None``: all it has).
+
+    Examples:
+        >>> form = Form({"inputs": Int(0, "total"), "start": Int(0, "consumed", True)})
+        >>> conform(form, {"inputs": 4, "start": 1}, "r", {"consumed": 2, "total": 10})
+        {'inputs': 4, 'start': 1}
+        >>> conform(form, {"inputs": 12}, "r", {"consumed": 2, "total": 10})
+        Traceback (most recent call last):
+        ...
+        ValueError: load_state_dict: r['inputs'] must be between 0 and 10 (got 12)
+    """
+
+    fields: Mapping[str, Int | Rising | Value]
+    invariants: tuple[Invariant, ...] = ()
+    keep: tuple[str, ...] | None = None
+
+
+def conform(form: Form, record: Any, where: str, bounds: Mapping[str, Any]) -> dict[str, Any]:
+    """The validator: *record* as *form* declares it, else a ``ValueError`` that names
+    *where*, the key and the reason (see :class:`Form`). *bounds* are what the fields may
+    be bounded by (``"consumed"``, ``"total"``; ``None`` where unknown)."""
+    required = {k for k, f in form.fields.items() if not f.optional}
+    record_keys(record, where, required, set(form.fields) - required)
+    known: dict[str, Any] = {**bounds, "where": where}
+    out: dict[str, Any] = {}
+    for key, field in form.fields.items():
+        if key not in record:
+            continue
+        place, value = f"{where}[{key!r}]", record[key]
+        if isinstance(field, Int):
+            low = _bound(field.low, known)
+            value = integer(value, place, 0 if low is None else low, _bound(field.high, known))
+        elif isinstance(field, Rising):
+            value = _rising(value, place, known[field.above], _bound(field.below, known))
+        else:
+            if field.required and value is None:
+                raise ValueError(f"load_state_dict: {place} is missing")
+            if field.check is not None:
+                field.check(value, place)
+        known[key] = out[key] = value
+    for holds, says in form.invariants:
+        if not holds(known):
+            raise ValueError(f"load_state_dict: {says(known)}")
+    return out if form.keep is None else {k: out[k] for k in form.keep if k in out}
+
+
+def flag(value: Any, where: str) -> None:
+    """Refuse a field that must be a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"load_state_dict: {where} must be a bool (got {value!r})")
+
+
+def _bound(bound: int | str | None, known: Mapping[str, Any]) -> int | None:
+    return known.get(bound) if isinstance(bound, str) else bound
+
+
+def _rising(value: Any, where: str, above: int, below: int | None) -> list[int]:
+    if not isinstance(value, list):
+        raise ValueError(f"load_state_dict: {where} must be a list (got {value!r})")
+    last = above
+    for i, x in enumerate(value):
+        integer(x, f"{where}[{i}]", last + 1, None if below is None else below - 1)
+        last = x
+    return list(value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a stage resumes, declared once when the stage is built: the stage's
+    :attr:`~pipeflow.Stage.resume` (see the module's text for the four kinds).
+
+    The functions a rule holds are called with the stage itself first (so that a stage with
+    the state's seeds adopted checks with those); the loader calls them, never the stage.
+
+    Attributes:
+        kind: ``"below"``, ``"seek"``, ``"replay"`` or ``"recorded"``.
+        per: for ``"below"``, the inputs its first ``k`` outputs took: ``"same"`` (``k``: a
+            map) or ``per(k, **config)`` (a batch of 64: ``64 * k``).
+        unordered: a recorded stage that delivers out of order (its record is a
+            :class:`Delivery`).
+        record: the class of the stage's record (a :class:`Record`), or ``None``: it keeps
+            none. ``record.begin(stage, context, saved)`` makes the pass's record, given the
+            stage's record in the state the pass resumes (``None`` at an epoch's start); the
+            stage's function gets it as its ``record`` keyword. What a state may hold of it
+            is declared once, by the class's :attr:`Record.FORM`, and checked at load by
+            :meth:`Record.check`.
+        check_pass: ``check_pass(stage, record, where, epoch)``: refuse a checked record
+            from another pass than the one the state resumes (epoch *epoch*).
+        verify: ``verify(stage, record, where, source)``: refuse a checked record whose data
+            changed since the state was taken (a reader's shard).
+        identity: ``identity(stage)``: what a state compares to tell whether it comes from a
+            pipeline like this one (its repr, by default); runtime knobs are left out.
+        reads_ahead: the stage reads its input ahead of its consumer (a parallel stage, a
+            prefetching thread): the stateful objects above it keep a snapshot after every
+            item, so a state is taken where the consumer stood (:mod:`pipeflow._objects`).
+
+    Examples:
+        >>> Rule.below("same").inputs(5, {})
+        5
+        >>> Rule.below(lambda k, size: k * size).inputs(3, {"size": 64})
+        192
+        >>> Rule.replay().inputs(3, {}) is None
+        True
+    """
 
     kind: Literal["below", "seek", "replay", "recorded"]
-    inputs: int = 0
-    #: A recorded stage that delivers out of order (an unordered ``parallel_map``).
+    per: Any = None
     unordered: bool = False
+    record: type[Record] | None = None
+    check_pass: Callable[..., None] | None = None
+    verify: Callable[..., None] | None = None
+    identity: Callable[[Any], list[str]] | None = None
+    reads_ahead: bool = False
 
     @staticmethod
-    def below(inputs: int) -> Resume:
-        """Skipping the first *inputs* inputs skips exactly the outputs asked about."""
-        return Resume("below", inputs)
+    def below(per: Any, **more: Any) -> Rule:
+        """Skipping the inputs its first ``k`` outputs took (``per``) skips those outputs."""
+        return Rule("below", per, **more)
 
     @staticmethod
-    def seek() -> Resume:
-        """The stage skips the outputs itself, told by ``context.start``."""
-        return Resume("seek")
+    def seek(**more: Any) -> Rule:
+        """The stage skips its first outputs itself, told by ``context.start``."""
+        return Rule("seek", **more)
 
     @staticmethod
-    def replay() -> Resume:
+    def replay(**more: Any) -> Rule:
         """The consumed items are replayed through the stage and dropped after it."""
-        return Resume("replay")
+        return Rule("replay", **more)
 
     @staticmethod
-    def recorded(unordered: bool = False) -> Resume:
-        """The stage records in each pass what resuming it needs (see :class:`Delivery`,
-        :class:`Drops`); a state holds that record's :meth:`after`. *unordered*: it
-        delivers out of order (its record is a :class:`Delivery`)."""
-        return Resume("recorded", unordered=unordered)
+    def recorded(record: type[Record], **more: Any) -> Rule:
+        """The stage records in each pass what resuming it needs, in a *record* (see
+        :class:`Drops`, :class:`Kept`); a state holds that record's :meth:`Record.after`."""
+        return Rule("recorded", record=record, **more)
+
+    def __repr__(self) -> str:
+        shown = [repr(self.kind)]
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if value != f.default:
+                text = getattr(value, "__qualname__", None) or repr(value)
+                shown.append(f"{f.name}={text}")
+        return f"Rule({', '.join(shown)})"
+
+    def inputs(self, k: int, config: Any) -> int | None:
+        """For a ``"below"`` rule, the inputs the stage's first *k* outputs took (*config*
+        its configuration); ``None`` for the others (only a record or a replay can tell)."""
+        if self.kind != "below":
+            return None
+        return k if self.per == "same" else int(self.per(k, **config))
+
+
+def skipped(stage: Any, k: int) -> int | None:
+    """The inputs *stage*'s first *k* outputs took, when its rule tells without a record."""
+    rule: Rule = stage.resume
+    return rule.inputs(k, stage.config) if rule.kind == "below" else None
 
 
 class Record:
     """What a recording stage (or source) keeps in one pass for ``state_dict()``: the base of
     every record, with what the loader may ask of any of them.
+
+    A record class declares once what a state may hold of it, its :attr:`FORM`, and
+    :meth:`check` (the one validator, :func:`conform`) refuses anything else at load;
+    :meth:`begin` makes the record of a pass.
 
     :meth:`after` is the record's state once the consumer took *consumed* of the pass's
     outputs; the others answer for the records that need them: :meth:`ended_record` (what
@@ -138,6 +324,27 @@ class Record:
     consumer: keep a snapshot after every item)."""
 
     __slots__ = ()
+
+    #: What :meth:`after` makes, declared (see :class:`Form`).
+    FORM: ClassVar[Form | None] = None
+
+    @classmethod
+    def begin(cls, stage: Any, context: Any, saved: dict[str, Any] | None) -> Record:
+        """The record of *stage*'s pass with *context*, resuming from *saved* (its record in
+        the state the pass resumes, already checked; ``None`` at an epoch's start)."""
+        raise NotImplementedError
+
+    @classmethod
+    def check(
+        cls, stage: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """Refuse a loaded *record* that :meth:`after` could not have made (a ``ValueError``
+        naming *where* and the key), told how many of the stage's outputs the position says
+        were consumed and its inputs per epoch (``None`` where unknown); return it as the
+        next pass gets it. By default: :func:`conform` to :attr:`FORM`."""
+        assert cls.FORM is not None, cls
+        bounds = {"consumed": consumed, "total": total, "stage": stage}
+        return conform(cls.FORM, record, where, bounds)
 
     def after(self, consumed: int) -> dict[str, Any]:
         """The record's state once the consumer took *consumed* of this pass's outputs."""
@@ -165,27 +372,20 @@ class Delivery:
         self.extras = extras
         self.order: list[int] = []
 
-    @staticmethod
-    def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
-        """Refuse a record that :meth:`after` could not have made for an epoch of *total*
-        items of which the consumer took *consumed* outputs (``None``: not known)."""
-        record_keys(record, where, {"prefix", "extras"}, set())
-        prefix = integer(record["prefix"], f"{where}['prefix']", 0, total)
-        extras = record["extras"]
-        if not isinstance(extras, list):
-            msg = f"load_state_dict: {where}['extras'] must be a list (got {extras!r})"
-            raise ValueError(msg)
-        last = prefix
-        for i, x in enumerate(extras):
-            integer(x, f"{where}['extras'][{i}]", last + 1, None if total is None else total - 1)
-            last = x
-        if consumed is not None and prefix + len(extras) > consumed:
-            msg = (
-                f"load_state_dict: {where} says {prefix + len(extras)} items were delivered, "
-                f"but the state's position says only {consumed} outputs were consumed"
-            )
-            raise ValueError(msg)
-        return {"prefix": prefix, "extras": list(extras)}
+    #: Every item numbered below *prefix* of the epoch's *total*, and the *extras* above it,
+    #: delivered: no more than the *consumed* outputs.
+    FORM = Form(
+        {"prefix": Int(0, "total"), "extras": Rising("prefix", "total")},
+        (
+            (
+                lambda v: v["consumed"] is None or v["prefix"] + len(v["extras"]) <= v["consumed"],
+                lambda v: (
+                    f"{v['where']} says {v['prefix'] + len(v['extras'])} items were delivered, "
+                    f"but the state's position says only {v['consumed']} outputs were consumed"
+                ),
+            ),
+        ),
+    )
 
     def after(self, consumed: int) -> dict[str, Any]:
         """The stage's state once the consumer took *consumed* of this pass's outputs."""
@@ -220,19 +420,32 @@ class Drops(Record):
             "dropped": self.earlier + sum(d <= consumed for d in self.every),
         }
 
-    @staticmethod
-    def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
-        """Refuse a record :meth:`after` could not have made (see :func:`check_inputs`)."""
-        checked = check_inputs(record, where, consumed, total, {"dropped"})
-        dropped = integer(checked.get("dropped", 0), f"{where}['dropped']", 0, checked["inputs"])
-        if consumed is not None and not consumed <= checked["inputs"] <= consumed + dropped:
-            msg = (
-                f"load_state_dict: {where} says its outputs took {checked['inputs']} inputs, "
-                f"but the state's position says {consumed} outputs were consumed, with "
-                f"{dropped} items dropped"
-            )
-            raise ValueError(msg)
-        return checked
+    #: The inputs its consumed outputs took, and the failures dropped in the epoch so far:
+    #: between the outputs consumed and those plus the drops.
+    FORM = Form(
+        {
+            "inputs": Int(0, "total"),
+            "start": Int(0, "consumed", True),
+            "dropped": Int(0, "inputs", True),
+        },
+        (
+            (
+                lambda v: (
+                    v["consumed"] is None
+                    or v["consumed"] <= v["inputs"] <= v["consumed"] + v.get("dropped", 0)
+                ),
+                lambda v: (
+                    f"{v['where']} says its outputs took {v['inputs']} inputs, but the state's "
+                    f"position says {v['consumed']} outputs were consumed, with "
+                    f"{v.get('dropped', 0)} items dropped"
+                ),
+            ),
+        ),
+    )
+
+    @classmethod
+    def begin(cls, stage: Any, context: Any, saved: dict[str, Any] | None) -> Drops:
+        return cls(context.offset, saved.get("dropped", 0) if saved else 0)
 
 
 class Kept(Record):
@@ -278,11 +491,12 @@ class Kept(Record):
         i = bisect_right(self.outputs, consumed)
         return {"inputs": self.offset + consumed + (self.drops[i - 1] if i else 0)}
 
-    @staticmethod
-    def check(record: Any, where: str, consumed: int | None, total: int | None) -> dict[str, Any]:
-        """Refuse a record :meth:`after` could not have made (see :func:`check_inputs`)."""
-        checked = check_inputs(record, where, None, total)
-        return {"inputs": checked["inputs"]}
+    #: The inputs its consumed outputs took (a ``start`` is read and left out).
+    FORM = Form({"inputs": Int(0, "total"), "start": Int(0, None, True)}, keep=("inputs",))
+
+    @classmethod
+    def begin(cls, stage: Any, context: Any, saved: dict[str, Any] | None) -> Kept:
+        return cls(context.offset)
 
 
 def check_inputs(
@@ -292,7 +506,7 @@ def check_inputs(
     total: int | None,
     optional: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Refuse an ``{"inputs": n, ...}`` record (see :class:`Resume`) that is malformed or
+    """Refuse an ``{"inputs": n, ...}`` record (see :class:`Rule`) that is malformed or
     out of range: *n* is at most the stage's *total* inputs per epoch, and at least its
     *consumed* outputs when it yields at most one output per input (a ``"start"``, other
     keys in *optional*: integers at least 0, checked here; anything else is the stage's)."""
@@ -337,12 +551,9 @@ class Plan:
     extras: tuple[tuple[int, frozenset[int]], ...] = ()
 
 
-def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any]) -> Plan:
-    """The skip plan for a pass that resumes at ``resume["position"]`` (and its stages).
-
-    *contexts* are the stages' contexts as the pass would give them without resuming (a
-    stage's answer may depend on them).
-    """
+def plan(stages: Sequence[Any], resume: dict[str, Any]) -> Plan:
+    """The skip plan for a pass that resumes at ``resume["position"]`` (and its stages'
+    records), from the stages' rules."""
     n = len(stages)
     records = resume.get("stages", {})
     k = resume.get("position", 0)
@@ -370,12 +581,12 @@ def plan(stages: Sequence[Any], contexts: Sequence[Any], resume: dict[str, Any])
                 start = (*start, (i, saved["start"]))
             k = source_skip = saved["inputs"]
             continue
-        answer = stages[i].resumption(k, contexts[i])
-        if answer.kind == "below":
-            k = source_skip = answer.inputs
+        rule: Rule = stages[i].resume
+        if rule.kind == "below":
+            k = source_skip = rule.inputs(k, stages[i].config) or 0
             continue
         source_skip = 0
-        if answer.kind == "seek":
+        if rule.kind == "seek":
             start = (*start, (i, k))
         elif k:
             cut = ((i, k),)
@@ -415,8 +626,8 @@ def record_keys(record: Any, where: str, required: set[str], optional: set[str])
 
 # -- taking states ------------------------------------------------------------------------------
 def _identity(stage: Any) -> list[str]:
-    identity: list[str] = stage.identity()
-    return identity
+    rule: Rule = stage.resume
+    return [repr(stage)] if rule.identity is None else rule.identity(stage)
 
 
 def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
@@ -470,7 +681,7 @@ def take(
         records = _recorded(stages, progress)
         kept = None
         if progress.source is not None:
-            needed = plan(stages, [None] * len(stages), {"position": position, "stages": records})
+            needed = plan(stages, {"position": position, "stages": records})
             kept = progress.source.after(needed.source_skip)
     state = {
         "pipeflow_state": VERSION,
@@ -517,7 +728,7 @@ def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict
     records = _recorded(stages, progress)
     out: dict[str, Any] = {"position": position, "stages": records}
     if progress.source is not None:
-        needed = plan(stages, [None] * len(stages), {"position": position, "stages": records})
+        needed = plan(stages, {"position": position, "stages": records})
         out["source"] = progress.source.after(needed.source_skip)
     out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
     return out
@@ -527,10 +738,10 @@ def through(stages: Sequence[Any], k: int) -> int | None:
     """The inputs of the first of *stages* that the first *k* outputs of the last took, or
     ``None`` past a stage that is not a map or a batch (it can't be told without a record)."""
     for s in reversed(stages):
-        answer = s.resumption(k, None)
-        if answer.kind != "below":
+        inputs = skipped(s, k)
+        if inputs is None:
             return None
-        k = answer.inputs
+        k = inputs
     return k
 
 
@@ -569,8 +780,7 @@ def _recorded(stages: Sequence[Any], progress: Progress) -> dict[int, Any]:
             records[i] = saved
             consumed = taken(saved)
             continue
-        answer = stages[i].resumption(consumed, None)
-        consumed = answer.inputs if answer.kind == "below" else 0
+        consumed = skipped(stages[i], consumed) or 0
     return records
 
 
@@ -580,10 +790,10 @@ def reread_after_unordered(stages: Sequence[Any]) -> str | None:
     resumed pass replays or that seeks (it re-reads its input from the epoch's start, and
     the out-of-order stage would deliver it in another order)."""
     for i, s in enumerate(stages):
-        if not s.resumption(1, None).unordered:
+        if not s.resume.unordered:
             continue
         for later in stages[i + 1 :]:
-            kind = later.resumption(1, None).kind
+            kind = later.resume.kind
             if kind in ("seek", "replay"):
                 why = (
                     "it reads the whole epoch first"

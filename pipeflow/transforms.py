@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pipeflow import _checks
-from pipeflow._context import Context, Hooks
 from pipeflow._stage import Stage
-from pipeflow.state import Kept, Resume
+from pipeflow.state import Kept, Rule
 
 __all__ = ["filter", "map", "random_map"]
 
@@ -54,35 +53,15 @@ def filter(predicate: Callable[[T], Any]) -> Stage[T, T]:
         [0, 2, 4]
     """
     _checks.function("filter", "predicate", predicate)
-    return _Filter(_filter, "filter", {"predicate": predicate})
+    return Stage(_filter, "filter", {"predicate": predicate}, resume=_FILTER)
 
 
-class _Filter(Stage[T, T]):
-    """A filter: what its outputs took of its inputs is in the pass's record (:class:`Kept`)."""
-
-    __slots__ = ()
-
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[T]:
-        record = hooks.record if hooks is not None else None
-        return _filter(upstream, self._config["predicate"], record)
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Its first *k* outputs took the inputs its record says."""
-        return Resume.recorded()
-
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Kept:
-        return Kept(context.offset)
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        return Kept.check(record, where, consumed, total)
+#: A filter: what its outputs took of its inputs is in the pass's record (:class:`Kept`).
+_FILTER = Rule.recorded(Kept)
 
 
 def _filter(
-    items: Iterable[T], predicate: Callable[[T], Any], record: Kept | None = None
+    items: Iterable[T], predicate: Callable[[T], Any], *, record: Kept | None = None
 ) -> Iterator[T]:
     """``builtins.filter`` (which goes on after the predicate raised: the item's error is
     its output), noting each drop in *record*."""

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pipeflow as pf
+from pipeflow.state import Form, Int, Record, Rule
 from tests.example_stages import add_noise, with_epoch
 from tests.strategies import batch_sizes
 
@@ -126,3 +127,68 @@ def test_stages_pickle_compare_and_have_readable_reprs(s: pf.Stage) -> None:
 def test_stages_are_immutable(s: pf.Stage) -> None:
     with pytest.raises(AttributeError):
         s._config = {}  # type: ignore[misc]
+
+
+# -- how a stage resumes: a rule, declared once ------------------------------------------------
+def test_a_subclass_that_still_answers_resumption_is_refused_when_it_is_defined() -> None:
+    with pytest.raises(TypeError, match=r"defines resumption\(\), which pipeflow no longer"):
+
+        class Old(pf.Stage):  # type: ignore[type-arg]
+            def resumption(self, k: int, context: object) -> object:
+                return None
+
+
+def test_skip_and_a_whole_rule_are_one_or_the_other() -> None:
+    with pytest.raises(TypeError, match="give skip= or resume=, not both"):
+        pf.Stage(iter, "x", skip="same", resume=Rule.seek())
+
+
+def test_a_recording_stage_gets_its_record_as_it_gets_its_context() -> None:
+    seen: list[Count] = []
+
+    def evens(items, *, record):  # type: ignore[no-untyped-def]
+        seen.append(record)
+        for x in items:
+            record.made += 1
+            yield 2 * x
+
+    rule = Rule.recorded(Count)
+    loader = pf.indices(6) | pf.Stage(evens, "evens", length="same", resume=rule)
+    it = iter(loader)
+    assert [next(it), next(it)] == [0, 2]
+    state = loader.state_dict()
+    assert state["stages"] == {"0": {"inputs": 2}}
+    assert seen[0].made == 2
+    again = pf.indices(6) | pf.Stage(evens, "evens", length="same", resume=rule)
+    again.load_state_dict(state)
+    assert list(again) == [4, 6, 8, 10]
+    assert seen[-1].offset == 2
+
+
+class Count(Record):
+    """A record declared once: its form (checked at load), how a pass begins it."""
+
+    FORM = Form({"inputs": Int(0, "total")})
+
+    @classmethod
+    def begin(cls, stage: object, context: pf.Context, saved: object) -> Count:
+        return cls(context.offset)
+
+    def __init__(self, offset: int) -> None:
+        self.offset, self.made = offset, 0
+
+    def after(self, consumed: int) -> dict[str, int]:
+        return {"inputs": self.offset + consumed}
+
+
+def test_a_record_is_checked_against_its_declared_form() -> None:
+    loader = pf.indices(6) | pf.Stage(
+        lambda items, *, record: iter(items), "x", resume=Rule.recorded(Count)
+    )
+    state = loader.state_dict()
+    state["stages"] = {"0": {"inputs": 7}}
+    with pytest.raises(ValueError, match=r"\['inputs'\] must be between 0 and 6 \(got 7\)"):
+        loader.load_state_dict(state)
+    state["stages"] = {"0": {"inputs": 1, "more": 2}}
+    with pytest.raises(ValueError, match="has an unknown key 'more'"):
+        loader.load_state_dict(state)

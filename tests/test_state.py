@@ -1,47 +1,35 @@
-"""state.py on its own: the skip plan each Resume answer leads to, and what a state records."""
+"""state.py on its own: the skip plan each stage's Rule leads to, and what a state records."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow._context import Context
-from pipeflow.state import Delivery, Drops, Plan, Resume, plan
-
-
-def contexts(n: int) -> list[Context]:
-    return [Context(0)] * n
+from pipeflow.state import Delivery, Drops, Plan, Rule, plan
 
 
 def test_maps_and_batches_push_the_skip_down_to_the_source() -> None:
     stages = (pf.indices(100) | pf.batch(8) | pf.map(len) | pf.collate()).stages
-    assert plan(stages, contexts(3), {"position": 3}) == Plan(source_skip=24, offsets=(24, 3, 3))
+    assert plan(stages, {"position": 3}) == Plan(source_skip=24, offsets=(24, 3, 3))
 
 
 def test_a_stage_that_replays_cuts_after_itself() -> None:
     stages = (pf.indices(100) | pf.filter(bool) | pf.batch(4)).stages
-    assert plan(stages, contexts(2), {"position": 5}) == Plan(cut=((0, 20),), offsets=(0, 20))
-
-
-class Seeking(pf.Stage):
-    def resumption(self, k: int, context: Any) -> Resume:
-        return Resume.seek()
+    assert plan(stages, {"position": 5}) == Plan(cut=((0, 20),), offsets=(0, 20))
 
 
 def test_a_seeking_stage_is_told_where_to_start_and_nothing_above_it_is_read() -> None:
-    seek = Seeking(lambda items: iter(items), "seek", length="same")
+    seek = pf.Stage(lambda items: iter(items), "seek", length="same", resume=Rule.seek())
     stages = (pf.map(abs), seek, pf.batch(4))
-    assert plan(stages, contexts(3), {"position": 2}) == Plan(start=((1, 8),), offsets=(0, 0, 8))
+    assert plan(stages, {"position": 2}) == Plan(start=((1, 8),), offsets=(0, 0, 8))
 
 
 def test_an_out_of_order_stage_skips_what_it_delivered_below_it() -> None:
     stages = (pf.batch(2), pf.parallel_map(len, workers=1, ordered=False), pf.map(abs))
     resume = {"position": 9, "stages": {1: {"prefix": 3, "extras": [5]}}}
-    got = plan(stages, contexts(3), resume)
+    got = plan(stages, resume)
     assert got.source_skip == 6 and got.extras == ((1, frozenset({5})),)
     assert got.offsets[:2] == (6, 3)
 
@@ -49,7 +37,7 @@ def test_an_out_of_order_stage_skips_what_it_delivered_below_it() -> None:
 def test_a_dropping_stage_says_how_many_inputs_it_took() -> None:
     stages = (pf.map(abs), pf.ignore_errors(), pf.batch(4))
     resume = {"position": 2, "stages": {1: {"inputs": 11}}}
-    assert plan(stages, contexts(3), resume) == Plan(source_skip=11, offsets=(11, 11, 8))
+    assert plan(stages, resume) == Plan(source_skip=11, offsets=(11, 11, 8))
 
 
 def test_delivery_keeps_the_prefix_and_the_extras() -> None:
@@ -132,5 +120,5 @@ def test_garbage_is_refused() -> None:
 def test_a_restarting_stage_skips_its_inputs_above_and_its_own_outputs_itself() -> None:
     stages = (pf.map(abs), pf.ignore_errors(), pf.batch(4))
     resume = {"position": 2, "stages": {1: {"inputs": 11, "start": 3}}}
-    got = plan(stages, contexts(3), resume)
+    got = plan(stages, resume)
     assert got == Plan(source_skip=11, start=((1, 3),), offsets=(11, 11, 8))

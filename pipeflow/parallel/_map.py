@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import is_coroutine_function, refuse
 from pipeflow._stage import Stage, _short
-from pipeflow.parallel._records import MapRecord, check_map_record
+from pipeflow.parallel._records import MapRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._worker import MapJob
-from pipeflow.state import Resume
+from pipeflow.state import Rule
 
 __all__ = ["ParallelMap", "parallel_map"]
 
@@ -27,74 +27,11 @@ class ParallelMap(Stage[T, U]):
 
     __slots__ = ()
     reads_in_runs = True  # it takes its items as many at a time as there is room for
-    reads_ahead = True
 
     def __init__(self, fn: Any, config: Settings) -> None:
         config_ = {"fn": fn, "settings": config}
-        super().__init__(_no_call, "parallel_map", config_, length="same", failures="mark")
-
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[U]:
-        config: Settings = self._config["settings"]
-        make: Any = MapJob
-        if config.coroutines:  # asyncio is imported for coroutine functions only
-            from pipeflow.parallel._aio_worker import CoroutineJob
-
-            make = CoroutineJob
-        job = make(self._config["fn"], "parallel_map", context.ignoring, dict(context.facts))
-        return run_parallel(job, config, "parallel_map", upstream, context, hooks)
-
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """In order, the first *k* results are those of the first *k* items; out of order,
-        the pass records what it delivered."""
-        return Resume.below(k) if self._config["settings"].ordered else Resume.recorded(True)
-
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> Any:
-        """What this pass delivered (out of order: which items) and, with workers, the
-        workers' states as of each output (see :mod:`pipeflow.parallel._states`)."""
-        config: Settings = self._config["settings"]
-        own = config.workers == 0 or config.backend in ("process", "ray")  # not threads'
-        stateful = self._stateful()
-        shared = None
-        if stateful and (config.workers == 0 or config.backend not in ("process", "ray")):
-            where = "in line, in this process" if config.workers == 0 else "in threads"
-            shared = (
-                f"parallel_map runs its stages {where}, over a dataset with state_dict(): "
-                "its state as of the items the consumer received is not tracked there, so "
-                "no exact state can be taken. Use backend='process' (each worker saves and "
-                "restores its own copy), or pf.fetch(dataset) without parallel_map"
-            )
-        return MapRecord(config, context, saved, own and stateful, shared)
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        """A :class:`MapRecord`'s (see :func:`check_map_record`)."""
-        config = self._config["settings"]
-        return check_map_record(config, record, where, consumed, total, self._stateful())
-
-    def _stateful(self) -> bool:
-        """Whether *fn*'s stages read a stateful dataset (each process worker its own copy)."""
-        from pipeflow._objects import is_stateful
-
-        fn = self._config["fn"]
-        stages = fn.stages if isinstance(fn, Stage) else ()
-        return any(is_stateful(s.dataset) for s in stages if s.dataset is not None)
-
-    def identity(self) -> list[str]:
-        """What resumption compares: the work and the delivery order, not the workers.
-
-        In order, a parallel map is the same pipeline as its stages run in line (so a state
-        taken with workers resumes without, and back).
-        """
-        fn = self._config["fn"]
-        if self._config["settings"].ordered:
-            return (
-                [repr(s) for s in fn.stages] if isinstance(fn, Stage) else [f"map(fn={_short(fn)})"]
-            )
-        work = repr(fn) if isinstance(fn, Stage) else _short(fn)
-        return [f"parallel_map({work}, ordered=False)"]
+        rule = _IN_ORDER if config.ordered else _UNORDERED
+        super().__init__(_run, "parallel_map", config_, length="same", failures="mark", resume=rule)
 
     def __repr__(self) -> str:
         fn = self._config["fn"]
@@ -106,8 +43,46 @@ class ParallelMap(Stage[T, U]):
         return (ParallelMap, (self._config["fn"], self._config["settings"]))
 
 
-def _no_call(upstream: Iterable[Any]) -> Iterator[Any]:  # pragma: no cover - apply overrides
-    raise AssertionError
+def _run(
+    upstream: Iterable[Any],
+    fn: Any,
+    settings: Settings,
+    *,
+    context: Context,
+    stats: Any,
+    record: MapRecord | None,
+    resources: dict[Any, Any],
+    delivered: frozenset[int],
+) -> Iterator[Any]:
+    """One pass: *fn* over *upstream* on the pool (see :func:`run_parallel`)."""
+    make: Any = MapJob
+    if settings.coroutines:  # asyncio is imported for coroutine functions only
+        from pipeflow.parallel._aio_worker import CoroutineJob
+
+        make = CoroutineJob
+    job = make(fn, "parallel_map", context.ignoring, dict(context.facts))
+    hooks = Hooks(stats, delivered, record, resources)
+    return run_parallel(job, settings, "parallel_map", upstream, context, hooks)
+
+
+def _identity(stage: Stage[Any, Any]) -> list[str]:
+    """What resumption compares: the work and the delivery order, not the workers.
+
+    In order, a parallel map is the same pipeline as its stages run in line (so a state
+    taken with workers resumes without, and back).
+    """
+    fn = stage.config["fn"]
+    if stage.config["settings"].ordered:
+        return [repr(s) for s in fn.stages] if isinstance(fn, Stage) else [f"map(fn={_short(fn)})"]
+    work = repr(fn) if isinstance(fn, Stage) else _short(fn)
+    return [f"parallel_map({work}, ordered=False)"]
+
+
+#: In order, its first *k* results are those of its first *k* items (its record holds the
+#: workers' states); out of order, the pass records what it delivered. Either way it reads
+#: ahead of its consumer.
+_IN_ORDER = Rule.below("same", record=MapRecord, identity=_identity, reads_ahead=True)
+_UNORDERED = Rule.recorded(MapRecord, unordered=True, identity=_identity, reads_ahead=True)
 
 
 def parallel_map(

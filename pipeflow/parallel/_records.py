@@ -18,7 +18,7 @@ from pipeflow._context import Context
 from pipeflow._state_check import check_workers, same_workers
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._states import MapStates, WorkerStates
-from pipeflow.state import Delivery, Record, check_inputs, integer, record_keys
+from pipeflow.state import Delivery, Record, check_inputs, conform, integer, record_keys
 
 __all__ = [
     "MapRecord",
@@ -68,6 +68,33 @@ class MapRecord(Record):
         "shared",
         "states",
     )
+
+    @classmethod
+    def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> MapRecord:
+        """What the pass of a ``parallel_map`` *stage* delivered (out of order: which items)
+        and, with workers, the workers' states as of each output (see
+        :mod:`pipeflow.parallel._states`)."""
+        config: Settings = stage.config["settings"]
+        own = config.workers == 0 or config.backend in ("process", "ray")  # not threads'
+        stateful = _stateful(stage)
+        shared = None
+        if stateful and (config.workers == 0 or config.backend not in ("process", "ray")):
+            where = "in line, in this process" if config.workers == 0 else "in threads"
+            shared = (
+                f"parallel_map runs its stages {where}, over a dataset with state_dict(): "
+                "its state as of the items the consumer received is not tracked there, so "
+                "no exact state can be taken. Use backend='process' (each worker saves and "
+                "restores its own copy), or pf.fetch(dataset) without parallel_map"
+            )
+        return cls(config, context, saved, own and stateful, shared)
+
+    @classmethod
+    def check(
+        cls, stage: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """See :func:`check_map_record`."""
+        settings = stage.config["settings"]
+        return check_map_record(settings, record, where, consumed, total, _stateful(stage))
 
     def __init__(
         self,
@@ -147,6 +174,17 @@ class MapRecord(Record):
         return out
 
 
+def _stateful(stage: Any) -> bool:
+    """Whether a ``parallel_map``'s stages read a stateful dataset (each process worker its
+    own copy)."""
+    from pipeflow._objects import is_stateful
+    from pipeflow._stage import Stage
+
+    fn = stage.config["fn"]
+    stages = fn.stages if isinstance(fn, Stage) else ()
+    return any(is_stateful(s.dataset) for s in stages if s.dataset is not None)
+
+
 def check_map_record(
     settings: Settings,
     record: Any,
@@ -164,9 +202,8 @@ def check_map_record(
         same_workers({}, settings.workers, where, stateful=True)
     if isinstance(record, dict) and "prefix" in record:
         record_keys(record, where, {"prefix", "extras"}, {"workers"})
-        out = Delivery.check(
-            {"prefix": record["prefix"], "extras": record["extras"]}, where, consumed, total
-        )
+        delivered = {"prefix": record["prefix"], "extras": record["extras"]}
+        out = conform(Delivery.FORM, delivered, where, {"consumed": consumed, "total": total})
     else:
         fields = {"workers", *_INLINE}
         out = check_inputs(record, where, None, total, fields)

@@ -16,7 +16,7 @@ from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 from pipeflow._rngs import KINDS
-from pipeflow._seeds import WORKERS_SLOT
+from pipeflow._seeds import WORKERS_SLOT, Seeded
 from pipeflow.parallel._ray_options import check_ray_options
 
 __all__ = [
@@ -45,7 +45,7 @@ MAX_RESTARTS = 1_000
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(Seeded):
     """A parallel stage's validated settings (see :func:`pipeflow.parallel_map`)."""
 
     workers: int

@@ -241,8 +241,8 @@ def thread_main(
             return
         # A thread's replica of a source is its own; a map's dataset and the global
         # generators are the process's, shared by every thread: nothing of them is the
-        # worker's to report.
-        snap = Snapshotter(job, None, own=isinstance(job, SourceJob))
+        # worker's to report, and nothing is taken per item.
+        snap = Snapshotter(job, None, own=True) if isinstance(job, SourceJob) else _nothing
         while True:
             task = tasks.get()
             if task is None:
@@ -265,6 +265,10 @@ def thread_main(
         results.put(_death(job, task, worker_id, e))
     finally:
         set_thread_worker_info(None)
+
+
+def _nothing() -> None:
+    """What a thread worker of a map reports of its state with each reply: nothing."""
 
 
 def _death(job: Any, task: Task | None, worker_id: int, error: BaseException) -> Reply:

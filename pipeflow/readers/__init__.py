@@ -11,11 +11,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeflow import _checks
+from pipeflow._context import Context
+from pipeflow._stage import Stage
 from pipeflow.errors import ShardReadError
 from pipeflow.readers._decode import decoders
 from pipeflow.readers._jsonl import parse_jsonl
 from pipeflow.readers._parquet import open_parquet, parquet_version, parse_parquet
-from pipeflow.readers._reader import OPEN_AHEAD, Reader
+from pipeflow.readers._reader import OPEN_AHEAD, ReadRecord, read, rule
 from pipeflow.readers._remote import check_timeout
 from pipeflow.readers._tar import parse_tar
 from pipeflow.readers._versions import VERSIONS
@@ -24,6 +26,18 @@ __all__ = ["ShardReadError", "read_jsonl", "read_parquet", "read_tar"]
 
 OPEN_AHEAD[parse_parquet] = open_parquet
 VERSIONS[parse_parquet] = parquet_version
+
+
+def _tar(shards: Any, *, context: Context, record: ReadRecord | None, **config: Any) -> Any:
+    return read(parse_tar, "read_tar", shards, context, record, config)
+
+
+def _jsonl(shards: Any, *, context: Context, record: ReadRecord | None, **config: Any) -> Any:
+    return read(parse_jsonl, "read_jsonl", shards, context, record, config)
+
+
+def _parquet(shards: Any, *, context: Context, record: ReadRecord | None, **config: Any) -> Any:
+    return read(parse_parquet, "read_parquet", shards, context, record, config)
 
 
 class _Options(dict):  # type: ignore[type-arg]
@@ -64,7 +78,7 @@ def read_tar(
     retries: int = 3,
     timeout: float = 60.0,
     storage_options: Mapping[str, Any] | None = None,
-) -> Reader:
+) -> Stage[Any, Any]:
     """Read tar shards in the WebDataset layout: each sample a dict keyed by extension.
 
     Files are grouped into samples by their key (the name up to the first dot of its last
@@ -132,7 +146,8 @@ def read_tar(
         "decode": decode,
         **_common("read_tar", prefetch, block_size, window, retries, timeout, storage_options),
     }
-    return Reader(parse_tar, "read_tar", config, failures="mark")
+    resume = rule(parse_tar, config["prefetch"])
+    return Stage(_tar, "read_tar", config, failures="mark", resume=resume)
 
 
 def read_jsonl(
@@ -144,7 +159,7 @@ def read_jsonl(
     retries: int = 3,
     timeout: float = 60.0,
     storage_options: Mapping[str, Any] | None = None,
-) -> Reader:
+) -> Stage[Any, Any]:
     """Read JSON lines shards: a sample per non-blank line.
 
     Each sample is ``{"__key__": str(index), "__url__": shard, "__index__": index, "json":
@@ -170,7 +185,8 @@ def read_jsonl(
         "decode": decode,
         **_common("read_jsonl", prefetch, block_size, window, retries, timeout, storage_options),
     }
-    return Reader(parse_jsonl, "read_jsonl", config, failures="mark")
+    resume = rule(parse_jsonl, config["prefetch"])
+    return Stage(_jsonl, "read_jsonl", config, failures="mark", resume=resume)
 
 
 def read_parquet(
@@ -180,7 +196,7 @@ def read_parquet(
     retries: int = 3,
     timeout: float = 60.0,
     storage_options: Mapping[str, Any] | None = None,
-) -> Reader:
+) -> Stage[Any, Any]:
     """Read Parquet shards through pyarrow: a sample per row, read by row group.
 
     Each sample is the row as a dict of its *columns* (all of them by default), plus
@@ -220,4 +236,5 @@ def read_parquet(
         columns = list(columns)
     common = _common("read_parquet", prefetch, 1, 1, retries, timeout, storage_options)
     config = {"columns": columns, **common}
-    return Reader(parse_parquet, "read_parquet", config, failures="mark")
+    resume = rule(parse_parquet, config["prefetch"])
+    return Stage(_parquet, "read_parquet", config, failures="mark", resume=resume)

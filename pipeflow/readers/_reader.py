@@ -7,7 +7,7 @@ a generator of ``(sample, next)`` pairs: *next* is where the shard's next sample
 byte offset; a Parquet row group), so that a resumed pass seeks there instead of reading the
 shard again.
 
-**The record** (:class:`ReadRecord`, :meth:`Reader.new_record`) is in the ``{"inputs": n,
+**The record** (:class:`ReadRecord`, made by the reader's :func:`rule`) is in the ``{"inputs": n,
 "start": m}`` form of :mod:`pipeflow.state`, with a key of the reader's own: ``n`` shards
 were done, ``m`` samples of the next one were consumed, and ``"offset"`` says where its
 sample ``m`` starts. A resumed pass starts the source at shard ``n``; the reader opens it at
@@ -25,13 +25,14 @@ the reader goes on with the next shard. Each counts as one output.
 
 from __future__ import annotations
 
+import functools
 from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeflow._context import Context, Hooks
+from pipeflow._context import Context
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage, _short
 from pipeflow.errors import ShardReadError, annotate
@@ -40,16 +41,17 @@ from pipeflow.readers._decode import decoders
 from pipeflow.readers._storage import Storage
 from pipeflow.readers._versions import check_fingerprint, verify_shard
 from pipeflow.shards import Shard
-from pipeflow.state import Record, Resume, check_inputs, integer
+from pipeflow.state import Form, Int, Record, Rule, Value
 
 __all__ = [
     "KEEP_OFFSETS",
     "OPEN_AHEAD",
     "Opened",
     "ReadRecord",
-    "Reader",
     "as_shard",
     "open_stream",
+    "read",
+    "rule",
 ]
 
 #: The shards of a pass whose samples' offsets a record keeps (the latest ones).
@@ -75,6 +77,34 @@ class ReadRecord(Record):
     """Where each shard of a pass began in its outputs, and its samples' offsets (see the
     module's text). *offset*: shards done before the pass; *start*, *first*: the first
     shard's samples consumed before the pass, and where the next one starts."""
+
+    #: ``{"inputs": n}``, or ``{"inputs": n, "start": m}`` with an ``"offset"`` (a position
+    #: in the shard) and the ``"shard"`` it is in (its version). A reader makes any number of
+    #: samples of a shard, so *n* is not bounded by what the position says; *m*, samples of
+    #: the epoch's outputs consumed, is.
+    FORM = Form(
+        {
+            "inputs": Int(0, "total"),
+            "start": Int(0, "consumed", True),
+            "offset": Int(0, None, True),
+            "shard": Value(check_fingerprint, True),
+        },
+        (
+            (
+                lambda v: "offset" not in v or bool(v.get("start")),
+                lambda v: f"{v['where']} has an offset but no 'start' (samples read)",
+            ),
+            (
+                lambda v: "shard" not in v or bool(v.get("start")),
+                lambda v: f"{v['where']} names a shard but no 'start' (samples read)",
+            ),
+        ),
+    )
+
+    @classmethod
+    def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> ReadRecord:
+        saved = saved or {}
+        return cls(context.offset, context.start, saved.get("offset"), saved.get("shard"))
 
     __slots__ = (
         "before",
@@ -195,77 +225,52 @@ def _form(
     return out
 
 
-class Reader(Stage[Any, Any]):
-    """A reader stage: its function is the format's parser (see :data:`Parser`); its
-    configuration holds ``prefetch``, ``storage_options``, ``block_size``, ``window``,
-    ``retries`` and ``timeout`` besides the format's own (``decode``, ``columns``)."""
+def rule(parse: Parser, prefetch: int) -> Rule:
+    """How a reader of *parse*'s format resumes: where its first *k* outputs leave it is in
+    the pass's record (:class:`ReadRecord`); it reads ahead when it opens the next
+    *prefetch* shards while it reads one."""
+    verify = functools.partial(_verify, parse)
+    return Rule.recorded(ReadRecord, verify=verify, identity=_identity, reads_ahead=prefetch > 0)
 
-    __slots__ = ()
 
-    def identity(self) -> list[str]:
-        """What a state compares: the format and what it makes of the bytes, not how they
-        are fetched (prefetch, blocks, retries, timeouts, storage options may change between
-        runs)."""
-        kept = {k: v for k, v in self._config.items() if k in ("decode", "columns")}
-        return [f"{self._name}({', '.join(f'{k}={_short(v)}' for k, v in kept.items())})"]
+def read(
+    parse: Parser,
+    name: str,
+    upstream: Iterable[Any],
+    context: Context,
+    record: ReadRecord | None,
+    config: dict[str, Any],
+) -> Iterator[Any]:
+    """A reader stage's function, for the format's parser *parse* (see :func:`_read`)."""
+    first = (None, None) if record is None else (record.first[1], record.first[2])
+    return _read(parse, name, upstream, context, record, first, config)
 
-    @property
-    def reads_ahead(self) -> bool:  # type: ignore[override]
-        """It opens the next ``prefetch`` shards while it reads one."""
-        return bool(self._config.get("prefetch"))
 
-    def apply(
-        self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
-    ) -> Iterator[Any]:
-        hooks = hooks or Hooks()
-        saved = hooks.saved or {}
-        first = saved.get("offset"), saved.get("shard")
-        return _read(self._fn, self._name, upstream, context, hooks.record, first, self._config)
+def _identity(stage: Stage[Any, Any]) -> list[str]:
+    """What a state compares: the format and what it makes of the bytes, not how they are
+    fetched (prefetch, blocks, retries, timeouts, storage options may change between runs)."""
+    kept = {k: v for k, v in stage.config.items() if k in ("decode", "columns")}
+    return [f"{stage.name}({', '.join(f'{k}={_short(v)}' for k, v in kept.items())})"]
 
-    def resumption(self, k: int, context: Context | None) -> Resume:
-        """Where its first *k* outputs leave it is in the pass's record."""
-        return Resume.recorded()
 
-    def new_record(self, context: Context, saved: dict[str, Any] | None) -> ReadRecord:
-        saved = saved or {}
-        return ReadRecord(context.offset, context.start, saved.get("offset"), saved.get("shard"))
-
-    def check_record(
-        self, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        """``{"inputs": n}``, or ``{"inputs": n, "start": m}`` with an ``"offset"`` (a
-        position in the shard, at least 0). A reader makes any number of samples of a shard,
-        so *n* is not bounded by what the position says; *m*, samples of the epoch's outputs
-        consumed, is."""
-        checked = check_inputs(record, where, consumed, total, {"offset", "shard"})
-        if "offset" in checked:
-            if not checked.get("start"):
-                msg = f"load_state_dict: {where} has an offset but no 'start' (samples read)"
-                raise ValueError(msg)
-            integer(checked["offset"], f"{where}['offset']")
-        if "shard" in checked:
-            if not checked.get("start"):
-                msg = f"load_state_dict: {where} names a shard but no 'start' (samples read)"
-                raise ValueError(msg)
-            check_fingerprint(checked["shard"], f"{where}['shard']")
-        return checked
-
-    def verify_record(self, record: dict[str, Any], where: str, source: Any) -> None:
-        """Refuse a checked record whose shard changed since the state was taken (another
-        size or head) or is gone: its samples after the ``start`` consumed would not be the
-        ones the state means. The shard is found by its number in *source*'s list, wherever
-        the list now lives (see :func:`~pipeflow.shards.root_of`)."""
-        shard = record.get("shard")
-        if shard is None:
-            return
-        check_fingerprint(shard, f"{where}['shard']")
-        urls = getattr(source, "urls", None)
-        number = shard.get("number", -1)
-        url = urls[number] if urls is not None and 0 <= number < len(urls) else shard.get("url")
-        if not isinstance(url, str):
-            msg = f"load_state_dict: {where} names shard {number}, which the source does not have"
-            raise ValueError(msg)
-        verify_shard(self._fn, url, shard, self._config, where, record.get("start", 0))
+def _verify(
+    parse: Parser, stage: Stage[Any, Any], record: dict[str, Any], where: str, source: Any
+) -> None:
+    """Refuse a checked record whose shard changed since the state was taken (another size
+    or head) or is gone: its samples after the ``start`` consumed would not be the ones the
+    state means. The shard is found by its number in *source*'s list, wherever the list now
+    lives (see :func:`~pipeflow.shards.root_of`)."""
+    shard = record.get("shard")
+    if shard is None:
+        return
+    check_fingerprint(shard, f"{where}['shard']")
+    urls = getattr(source, "urls", None)
+    number = shard.get("number", -1)
+    url = urls[number] if urls is not None and 0 <= number < len(urls) else shard.get("url")
+    if not isinstance(url, str):
+        msg = f"load_state_dict: {where} names shard {number}, which the source does not have"
+        raise ValueError(msg)
+    verify_shard(parse, url, shard, dict(stage.config), where, record.get("start", 0))
 
 
 def _read(
