@@ -284,6 +284,7 @@ needs_311 = pytest.mark.skipif(
 
 @pytest.mark.slow
 @needs_311
+@pytest.mark.timeout(300)  # a hang's bound: a page that starts Ray takes minutes at load 15
 @pytest.mark.parametrize("path", PAGES, ids=page_id)
 def test_page(path: Path) -> None:
     run_page(path, module_name_for(path))

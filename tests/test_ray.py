@@ -40,6 +40,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 STORE = 80 * 1024**2  # each node's object store: small, this machine is shared
 FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+#: The test cluster's dashboard port, picked free when the cluster starts.
+DASHBOARD: dict[str, int] = {}
 
 
 def _free_port() -> int:
@@ -62,7 +64,7 @@ def cluster() -> Any:
             "num_cpus": 0,
             "object_store_memory": STORE,
             "include_dashboard": True,
-            "dashboard_port": _free_port(),
+            "dashboard_port": DASHBOARD.setdefault("port", _free_port()),
             "dashboard_agent_listen_port": _free_port(),
             "_system_config": FAST_HEALTH,
         },
@@ -83,7 +85,12 @@ def cluster() -> Any:
 def _alive_pipeflow_actors() -> list[Any]:
     from ray.util.state import list_actors
 
-    alive = list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
+    # The dashboard by its address: another run's cluster on this machine would make Ray's
+    # own lookup ambiguous ("Found multiple active Ray instances").
+    address = f"http://127.0.0.1:{DASHBOARD['port']}"
+    alive = list_actors(
+        address=address, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False
+    )
     return [a for a in alive if (a.name or "").startswith("pipeflow/")]
 
 
