@@ -22,8 +22,9 @@ Vocabulary:
     not list (:data:`FOUND_NAMES`: ``identity``, the fingerprint a state is compared on;
     ``restore`` / ``snapshot``, a worker job's state for a resumed pass; ``reads_ahead`` and
     ``history``, whether stateful objects keep per-item snapshots; ``pass_epoch``, read only
-    by ``DataLoader.state_dict``). A redesign that names its protocol otherwise adds its names
-    here; ``--list`` shows the candidates (defined names containing record/resum/restor/
+    by ``DataLoader.state_dict``), and the declared protocol's own (:data:`PROTOCOL_NAMES`:
+    ``resume``, a stage's rule; ``begin``, how a record class starts a pass's record). A
+    redesign that names its protocol otherwise adds its names here; ``--list`` shows the candidates (defined names containing record/resum/restor/
     snapshot/state) the vocabulary lacks. *Core modules* (:data:`CORE`) are the resume-only
     modules: ``state``, ``_state_check``, ``_restarts``, ``_objects``, ``_seeds``,
     ``_facade_state``, ``parallel/_records``, ``parallel/_states``, ``readers/_versions`` (and
@@ -108,7 +109,10 @@ ISSUE_NAMES = (
     "apply_state",
 )
 FOUND_NAMES = ("identity", "restore", "snapshot", "reads_ahead", "history", "pass_epoch")
-RESUME_NAMES = frozenset(ISSUE_NAMES + FOUND_NAMES)
+#: The names the declared protocol (``state.Rule``, ``Record.begin``) added: a stage's rule,
+#: and how a record class begins a pass's record.
+PROTOCOL_NAMES = ("resume", "begin")
+RESUME_NAMES = frozenset(ISSUE_NAMES + FOUND_NAMES + PROTOCOL_NAMES)
 
 CORE = (
     "state.py",
