@@ -24,8 +24,9 @@ Vocabulary:
     ``history``, whether stateful objects keep per-item snapshots; ``pass_epoch``, read only
     by ``DataLoader.state_dict``), and the declared protocol's own (:data:`PROTOCOL_NAMES`:
     ``resume``, a stage's rule; ``begin``, how a record class starts a pass's record). A
-    redesign that names its protocol otherwise adds its names here; ``--list`` shows the candidates (defined names containing record/resum/restor/
-    snapshot/state) the vocabulary lacks. *Core modules* (:data:`CORE`) are the resume-only
+    redesign that names its protocol otherwise adds its names here; ``--list`` shows the
+    candidates (defined names containing record/resum/restor/snapshot/state) the vocabulary
+    lacks. *Core modules* (:data:`CORE`) are the resume-only
     modules: ``state``, ``_state_check``, ``_restarts``, ``_objects``, ``_seeds``,
     ``_facade_state``, ``parallel/_records``, ``parallel/_states``, ``readers/_versions`` (and
     any ``resume*.py`` / ``_resume*.py`` a redesign adds).
