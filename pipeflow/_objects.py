@@ -25,21 +25,16 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from pipeflow.state import Record
+from pipeflow.state import Form, Int, Record, Value, flag
 
 __all__ = [
     "KEEP",
-    "MISSING",
     "Snapshots",
     "Stateful",
-    "check_snapshot",
     "is_stateful",
     "restore",
     "snapshot",
 ]
-
-#: A key a record lacks, as :func:`check_snapshot` is told.
-MISSING = object()
 
 #: The most per-item snapshots a producer keeps (older ones give way; a state that needs one
 #: of them reads the items after an earlier snapshot again instead).
@@ -138,6 +133,17 @@ class Snapshots(Record):
 
     __slots__ = ("at", "history", "it", "live", "obj", "produced")
 
+    #: A :func:`snapshot` as of item ``"at"`` (at most the state's *position*), restored
+    #: ``"early"`` (as the pass starts) when it is a record from between passes.
+    FORM = Form(
+        {
+            "at": Int(0, "position"),
+            "object": Value(),
+            "iterator": Value(),
+            "early": Value(flag, True),
+        }
+    )
+
     def __init__(
         self, obj: Any, it: Any, produced: int, history: bool, saved: dict[str, Any] | None
     ) -> None:
@@ -200,20 +206,3 @@ class Snapshots(Record):
             msg = f"state_dict: no state of {type(self.obj).__name__} at or before item {needed}"
             raise RuntimeError(msg)
         return {"at": best, **self.at[best]}
-
-
-def check_snapshot(record: Any, where: str, position: int | None) -> dict[str, Any]:
-    """Refuse a record that is not a :class:`Snapshots` record (``"at"``: an item count, at
-    most *position* when it is known; ``"object"``, ``"iterator"``: the user's states)."""
-    from pipeflow.state import integer, record_keys
-
-    record_keys(record, where, {"at", "object", "iterator"}, {"early"})
-    missing = [k for k, v in record.items() if v is MISSING]
-    if missing:
-        msg = f"load_state_dict: {where} lacks the key {missing[0]!r}"
-        raise ValueError(msg)
-    integer(record["at"], f"{where}['at']", 0, position)
-    if not isinstance(record.get("early", False), bool):
-        msg = f"load_state_dict: {where}['early'] must be a bool (got {record['early']!r})"
-        raise ValueError(msg)
-    return dict(record)

@@ -24,9 +24,14 @@ from pipeflow._seeds import is_workers, replaced
 from pipeflow.state import (
     READS,
     VERSION,
+    Form,
+    Int,
     Rule,
+    Value,
     check_inputs,
+    conform,
     fingerprint,
+    flag,
     flat_index,
     integer,
     plan,
@@ -308,6 +313,11 @@ def _check_records(
     return out
 
 
+def _state(value: Any, where: str) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"load_state_dict: {where} must be a dict or None")
+
+
 def check_record(
     stage: Any, record: Any, where: str, consumed: int | None, total: int | None
 ) -> dict[str, Any]:
@@ -369,6 +379,11 @@ def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:
 _USERS = ("dataset", "replica")
 
 
+#: One worker's entry in a ``"workers"`` record (:meth:`WorkerStates.as_json`): how many
+#: items it delivered, whether its stream ran out, and its state (``None``: nothing to give).
+_WORKER = Form({"count": Int(0), "ended": Value(flag), "state": Value(_state)})
+
+
 def check_workers(record: Any, where: str, workers: int | None) -> dict[int, dict[str, Any]]:
     """Refuse a ``"workers"`` record that :meth:`WorkerStates.as_json` could not have made;
     return it keyed by worker id. *workers*: how many there must be (``None``: any)."""
@@ -381,15 +396,7 @@ def check_workers(record: Any, where: str, workers: int | None) -> dict[int, dic
         if wid is None or (workers is not None and wid >= workers):
             msg = f"load_state_dict: {where} names a worker {key!r} that does not exist"
             raise ValueError(msg)
-        place = f"{where}[{key!r}]"
-        record_keys(value, place, {"count", "ended", "state"}, set())
-        integer(value["count"], f"{place}['count']")
-        if not isinstance(value["ended"], bool):
-            msg = f"load_state_dict: {place}['ended'] must be a bool (got {value['ended']!r})"
-            raise ValueError(msg)
-        if value["state"] is not None and not isinstance(value["state"], dict):
-            msg = f"load_state_dict: {place}['state'] must be a dict or None"
-            raise ValueError(msg)
+        conform(_WORKER, value, f"{where}[{key!r}]", {})
         out[wid] = value
     return out
 

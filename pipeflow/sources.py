@@ -12,12 +12,13 @@ from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context, Hooks
-from pipeflow._objects import Snapshots, check_snapshot, is_stateful, restore, snapshot
+from pipeflow._objects import Snapshots, is_stateful, restore, snapshot
 from pipeflow._plan import Positions
 from pipeflow._samplers import describe_sampler
 from pipeflow._stage import Source, Stage, _short
 from pipeflow.errors import PipeflowError
 from pipeflow.loader import Loader
+from pipeflow.state import conform
 
 __all__ = ["from_iterable", "from_sampler", "indices"]
 
@@ -171,7 +172,7 @@ class _Restoring(Source[Any]):
 
     def check_record(self, record: Any, position: int) -> dict[str, Any]:
         """A :func:`~pipeflow._objects.snapshot` at item ``"at"`` (at most *position*)."""
-        checked = check_snapshot(record, "state['source']", position)
+        checked = conform(Snapshots.FORM, record, "state['source']", {"position": position})
         if is_stateful(self.obj) and checked["object"] is None and checked["iterator"] is None:
             msg = "load_state_dict: state['source'] holds no state of its object or iterator"
             raise ValueError(msg)
