@@ -71,8 +71,8 @@ class Stage(Seeded, Generic[In, Out]):
         resume: the stage's rule, given whole (instead of *skip*): a
             :class:`~pipeflow.state.Rule` that seeks, or keeps a record of each pass. The
             stage function gets what the loader keeps for it by declaring keyword-only
-            parameters, as it gets ``context``: ``record`` (the pass's record, made by the
-            rule's recorder), ``stats`` (its statistics' row, or ``None``), ``resources``
+            parameters, as it gets ``context``: ``record`` (the pass's record, begun by the
+            rule's record class), ``stats`` (its statistics' row, or ``None``), ``resources``
             (what it keeps across passes, by key) and ``delivered`` (the numbers of the
             items an out-of-order stage delivered before the pass resumed).
         dataset: the dataset this stage reads by key (``fetch``): errors in the stages

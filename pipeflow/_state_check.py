@@ -321,7 +321,7 @@ def _state(value: Any, where: str) -> None:
 def check_record(
     stage: Any, record: Any, where: str, consumed: int | None, total: int | None
 ) -> dict[str, Any]:
-    """Refuse a *record* for *stage* that its rule's recorder could not have made (a
+    """Refuse a *record* for *stage* that its rule's record class could not have made (a
     ``ValueError`` naming *where* and the key); return it as the next pass gets it.
     *consumed*: how many of the stage's outputs the state's position says were consumed,
     *total*: its inputs per epoch (``None`` where unknown). A map takes the record of a

@@ -115,14 +115,7 @@ def _check_pass(stage: Stage[Any, Any], record: dict[str, Any], where: str, epoc
     state resumes, epoch *epoch* of *stage* (its seeds as the state gives them): its buffer
     would be refilled with other inputs, and the rest of the epoch would repeat some items
     and lose others."""
-    seed = int(stage.config["seed"])
-    if record["epoch"] != epoch or record["seed"] != seed:
-        msg = (
-            f"load_state_dict: {where} is the buffer of a pass of epoch {record['epoch']} "
-            f"with seed {record['seed']}, but the state resumes epoch {epoch} with seed "
-            f"{seed}: the record is from another state; take the state again"
-        )
-        raise ValueError(msg)
+    _same_pass(record, int(stage.config["seed"]), epoch, f"load_state_dict: {where}")
 
 
 def replay(
@@ -261,7 +254,7 @@ def _buffer_shuffle(
     saved = None if record is None else record.saved
     size = buffer_size
     if saved:  # resumed: refill the buffer from the inputs since its oldest item
-        _same_pass(saved, seed, context.epoch)
+        _same_pass(saved, seed, context.epoch, "shuffle: the state's record")
         made, read = saved["made"], saved["read"]
         rng, nums, drained = replay(seed, size, context.epoch, made, read)
         if min(nums, default=read) != context.offset:
@@ -288,13 +281,14 @@ def _buffer_shuffle(
         yield from buf
 
 
-def _same_pass(saved: dict[str, Any], seed: int, epoch: int) -> None:
-    """Refuse the record of another pass (a loader nested in another's record: a mix's,
-    a worker's replica's, which a load checks only in its form)."""
+def _same_pass(saved: dict[str, Any], seed: int, epoch: int, where: str) -> None:
+    """Refuse the record of another pass than epoch *epoch* with *seed*, naming it *where*:
+    at load (:func:`_check_pass`), and again as a resumed pass starts, for a loader nested in
+    another's record (a mix's, a worker's replica's), which a load checks only in its form."""
     if (saved["epoch"], saved["seed"]) != (epoch, int(seed)):
         msg = (
-            f"shuffle: the state's record is the buffer of a pass of epoch {saved['epoch']} with "
-            f"seed {saved['seed']}, and this pass is epoch {epoch} with seed {int(seed)}: the "
+            f"{where} is the buffer of a pass of epoch {saved['epoch']} with seed "
+            f"{saved['seed']}, but the state resumes epoch {epoch} with seed {int(seed)}: the "
             "record is from another state; take the state again"
         )
         raise ValueError(msg)

@@ -36,10 +36,10 @@ Each stage declares how its first ``k`` outputs are skipped, once, when it is bu
 - ``Rule.seek()``: the stage skips them itself, cheaply (it gets ``context.start = k``).
 - ``Rule.replay()``: the consumed items are replayed through the stage and dropped after
   it (a ``filter``: which inputs made the first ``k`` outputs is only known by running it).
-- ``Rule.recorded(recorder, check)``: the stage keeps a record of each pass (its
-  ``recorder`` makes it, and the stage's function gets it as its ``record`` keyword) whose
-  ``after(consumed)`` says where it stood once the consumer had taken ``consumed`` of
-  its outputs, in one of two forms:
+- ``Rule.recorded(RecordClass)``: the stage keeps a record of each pass (a :class:`Record`:
+  its class's ``begin`` makes it, the stage's function gets it as its ``record`` keyword,
+  and its ``FORM`` says what a state may hold of it) whose ``after(consumed)`` says where it
+  stood once the consumer had taken ``consumed`` of its outputs, in one of two forms:
 
   - ``{"prefix": p, "extras": [...]}``: it delivers out of order (an unordered
     ``parallel_map``), so "the first k" is not enough: every item numbered below ``p``, and
