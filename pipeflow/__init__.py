@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pipeflow._context import Context
     from pipeflow._decorate import stage
     from pipeflow._objects import Stateful
-    from pipeflow._stage import Source, Stage
+    from pipeflow._stage import Source, Stage, Traits
     from pipeflow.batch import batch, unbatch
     from pipeflow.bucket import bucket
     from pipeflow.collate import collate, default_collate, default_convert
@@ -75,6 +75,7 @@ __all__ = [
     "Stateful",
     "StatefulDataLoader",
     "Stats",
+    "Traits",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",
@@ -132,6 +133,7 @@ _WHERE = {
     "Stateful": "pipeflow._objects",
     "StatefulDataLoader": "pipeflow.stateful_dataloader",
     "Stats": "pipeflow.stats",
+    "Traits": "pipeflow._stage",
     "WorkerDiedError": "pipeflow.errors",
     "WorkerError": "pipeflow.errors",
     "WorkerInfo": "pipeflow.worker_info",

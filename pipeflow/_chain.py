@@ -18,6 +18,7 @@ from typing import Any
 from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure
 from pipeflow._plan import Computed, PassPlan
+from pipeflow._stage import context_after
 from pipeflow._wrappers import Meter, Pass, Route, close_all, cut, guarded, remembering
 from pipeflow.errors import annotate
 from pipeflow.state import Plan, Progress, plan, through
@@ -58,7 +59,7 @@ def run(
             here = _resumed(contexts[i], skip, i)
             upstream = chain[-1]
             keys = routes[i + 1].keys
-            if stage.dataset is not None and keys is not None:  # errors from here name them
+            if stage.traits.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
             ahead = any(s.resume.reads_ahead for s in planned.stages[i + 1 :])
             kept = _record(stage, here, saved.get(i), ahead, progress, at)  # for state_dict()
@@ -147,14 +148,14 @@ def _routes(planned: PassPlan, epoch: int) -> list[Route]:
     before its next item (see :mod:`pipeflow._failure`).
     """
     stages = planned.stages
-    stashes = [None if s.failures == "pass" else deque[Failure]() for s in stages]
+    stashes = [None if s.traits.failures == "pass" else deque[Failure]() for s in stages]
     routes = [Route(planned.source.name, epoch, stash=stashes[0] if stages else None)]
     keys: list[Any] | None = None  # after a dataset-reading stage: the key it read last
     for i, s in enumerate(stages):
-        if s.dataset is not None:
+        if s.traits.dataset is not None:
             keys = [None]
         stash = stashes[i + 1] if i + 1 < len(stages) else None
-        divert = stash if s.failures != "bypass" else None  # can its items be failures?
+        divert = stash if s.traits.failures != "bypass" else None  # can its items be failures?
         routes.append(Route(s.name, epoch, keys, stashes[i], divert, stash))
     return routes
 
@@ -163,15 +164,15 @@ def _contexts(planned: PassPlan, context: Context) -> list[Context]:
     """Each running stage's context in a pass from the start of the epoch."""
     source, stages = planned.source, planned.stages
     for s in source.stages if isinstance(source, Computed) else ():
-        context = s.context_after(context)  # a computed shard still numbers its outputs
+        context = context_after(s, context)  # a computed shard still numbers its outputs
     n = source.length()
     out = []
     for i, s in enumerate(stages):
         n = None if n is None else s.length(n)
-        ignoring = tuple(t for later in stages[i + 1 :] for t in later.drops_failures())
+        ignoring = tuple(t for later in stages[i + 1 :] for t in later.traits.drops)
         context = replace(context, total=n, ignoring=ignoring)
         out.append(context)
-        context = replace(s.context_after(context), total=None)
+        context = replace(context_after(s, context), total=None)
     return out
 
 

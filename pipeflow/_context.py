@@ -35,7 +35,7 @@ class Context:
             DataLoader facade draws it from its ``generator``, as torch does), or a function
             that returns it; ``None`` lets parallel stages derive one from their own seed.
         facts: read-only facts that stages above this one published for those below
-            (:meth:`pipeflow.Stage.context_after`): ``facts["shard"] == (first, step)`` when
+            (:attr:`pipeflow.Traits.publish`): ``facts["shard"] == (first, step)`` when
             a ``shard`` above numbers this stage's item ``j`` as the epoch's item
             ``first + j * step`` (``random_map`` keys its draws by it). No stage computes
             from what another published: what can be computed without running is the

@@ -302,7 +302,7 @@ def _keeps_indices(stage: Any) -> bool:
     fn = getattr(stage, "_fn", None)
     return (
         stage.name in _KEEP_INDICES
-        and stage.dataset is None
+        and stage.traits.dataset is None
         and getattr(fn, "__module__", "").startswith("pipeflow.")
         and not any(_users(v) for v in stage.config.values())
     )

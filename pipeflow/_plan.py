@@ -16,7 +16,7 @@ batch (computed)``) that counts the items it yielded. Every other row counts wha
 passed its stage.
 
 One more rewrite keeps a parallel stage right after ``indices(n)`` cheap: it reads the
-source's ``range`` iterator directly, in runs (:attr:`~pipeflow.Stage.reads_in_runs`), and
+source's ``range`` iterator directly, in runs (:attr:`~pipeflow.Traits.reads_in_runs`), and
 the source's row counts what it took, from what the iterator has left.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from pipeflow._context import Context
 from pipeflow._permutation import Permutation
-from pipeflow._stage import Source, Stage
+from pipeflow._stage import Source, Stage, computed
 
 __all__ = ["Batches", "Computed", "PassPlan", "Positions", "plan"]
 
@@ -209,14 +209,14 @@ def plan(source: Source[Any], stages: tuple[Stage[Any, Any], ...]) -> PassPlan:
     described = source.computed()
     fused = 0
     while described is not None and fused < len(stages):
-        after = stages[fused].computed(described)
+        after = computed(stages[fused], described)
         if after is None:
             break
         described, fused = after, fused + 1
     rest = stages[fused:]
     direct = (
         bool(rest)
-        and rest[0].reads_in_runs
+        and rest[0].traits.reads_in_runs
         and isinstance(described, Positions)
         and described.seed is None
         and described.share is None

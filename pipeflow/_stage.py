@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._context import Context, Hooks
@@ -18,7 +19,7 @@ from pipeflow._hints import not_iterable, operand_error, pipeflow_kind
 from pipeflow._seeds import Seeded, config_slots, config_with_seeds
 from pipeflow.state import Rule
 
-__all__ = ["Pipe", "Source", "Stage", "or_stranger"]
+__all__ = ["Pipe", "Source", "Stage", "Traits", "or_stranger"]
 
 In = TypeVar("In", contravariant=True)
 Out = TypeVar("Out", covariant=True)
@@ -46,10 +47,86 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else _repr.repr(value)
 
 
-#: The methods through which a stage told the loader how it resumes, before the rule was
-#: declared as data (:class:`~pipeflow.state.Rule`): a subclass that still defines one is
-#: refused, so that its override is not silently ignored.
-_GONE = frozenset({"resumption", "new_record", "check_record", "identity", "reads_ahead"})
+#: The methods through which a stage answered the loader before it declared the answers as
+#: data (its :class:`~pipeflow.state.Rule` and its :class:`Traits`), and what replaces each: a
+#: subclass that still defines one is refused, so that its override is not silently ignored.
+_GONE = {
+    **dict.fromkeys(
+        ("resumption", "new_record", "check_record", "identity", "reads_ahead"),
+        "a stage declares how it resumes once, as data (Stage(..., skip=...) or "
+        "resume=pipeflow.state.Rule(...)), and its function gets its record as its 'record' "
+        "keyword",
+    ),
+    "computed": "declare it as traits=pipeflow.Traits(compute=...)",
+    "context_after": "declare it as traits=pipeflow.Traits(publish=...)",
+    "drops_failures": "declare it as traits=pipeflow.Traits(drops=...)",
+    "without_torch": "declare it as traits=pipeflow.Traits(numpy=...)",
+    "failures": "declare it as Stage(..., failures=...)",
+    "dataset": "declare it as Stage(..., dataset=...)",
+    "reads_in_runs": "declare it as traits=pipeflow.Traits(reads_in_runs=True)",
+}
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the engine knows of a stage besides its function, its length and its rule,
+    declared once, as data. Most stages have the defaults; the functions get the stage's
+    configuration as keywords.
+
+    Attributes:
+        failures: how the stage meets failed items (see :mod:`pipeflow._failure`):
+            ``"bypass"`` (the default: it never sees them; they go around it, out before its
+            next item), ``"mark"`` (it never sees them, but yields failures of its own as
+            values: ``fetch`` marks a failed sample), or ``"pass"`` (it gets them in its
+            input and passes them on in order, or drops them: ``parallel_map``,
+            ``pin_memory``, ``ignore_errors``).
+        dataset: the dataset this stage reads by key (``fetch``): errors in the stages
+            after it name the sample indices, and workers report it in ``WorkerInfo``.
+        drops: the exception types whose failed items this stage drops
+            (``ignore_errors``).
+        reads_in_runs: whether the stage takes its input in runs (a parallel stage): right
+            after a source whose iterator knows what it has left, it reads that iterator
+            directly, unwatched, and the source's row in ``stats()`` counts what it took
+            (see :mod:`pipeflow._plan`).
+        compute: ``compute(upstream, **config)``, the stage's output as the planning step
+            computes it when its input is *upstream* (a description from
+            :mod:`pipeflow._plan`, such as ``Positions``), or ``None`` to run on its items;
+            only pipeflow's own index stages (``shuffle``, ``shard``, ``batch``) compute.
+        publish: ``publish(context, **config)``, the context the next stage sees, for a
+            stage that publishes ``facts`` for the stages after it (a ``shard`` says how it
+            numbers its outputs); ``None``: unchanged.
+        numpy: ``numpy(**config)``, this stage as a worker that has not imported torch
+            should run it (a numpy-only form that makes the tensors on arrival); ``None``:
+            the same stage.
+
+    Examples:
+        >>> from pipeflow import Stage, Traits
+        >>> Stage(lambda items: iter(items), "keep", traits=Traits(failures="pass")).traits
+        Traits(failures='pass')
+    """
+
+    failures: Literal["bypass", "mark", "pass"] = "bypass"
+    dataset: Any = None
+    drops: tuple[type[BaseException], ...] = ()
+    reads_in_runs: bool = False
+    compute: Callable[..., Any] | None = None
+    publish: Callable[..., Context] | None = None
+    numpy: Callable[..., Stage[Any, Any]] | None = None
+
+    def __repr__(self) -> str:
+        changed = [
+            f"{k}={_short(v)}" if callable(v) else f"{k}={v!r}"
+            for k, v in vars(self).items()
+            if not _same(v, _PLAIN_VALUES[k])
+        ]
+        return f"Traits({', '.join(changed)})"
+
+
+#: The defaults of :class:`Traits`' fields, which its repr leaves out.
+_PLAIN_VALUES = {"failures": "bypass", "drops": (), "reads_in_runs": False} | dict.fromkeys(
+    ("dataset", "compute", "publish", "numpy")
+)
+_PLAIN = Traits()
 
 
 class Stage(Seeded, Generic[In, Out]):
@@ -75,16 +152,12 @@ class Stage(Seeded, Generic[In, Out]):
             rule's record class), ``stats`` (its statistics' row, or ``None``), ``resources``
             (what it keeps across passes, by key) and ``delivered`` (the numbers of the
             items an out-of-order stage delivered before the pass resumed).
-        dataset: the dataset this stage reads by key (``fetch``): errors in the stages
-            after it name the sample indices, and workers report it in ``WorkerInfo``.
-        compute: ``compute(upstream, **config)``, the stage's answer to the planning step
-            (:meth:`computed`), or ``None`` (it runs on items).
-        failures: how the stage meets failed items (see :mod:`pipeflow._failure`):
-            ``"bypass"`` (the default: it never sees them; they go around it, out before its
-            next item), ``"mark"`` (it never sees them, but yields failures of its own as
-            values: ``fetch`` marks a failed sample), or ``"pass"`` (it gets them in its
-            input and passes them on in order, or drops them: ``parallel_map``,
-            ``pin_memory``, ``ignore_errors``).
+        dataset: shorthand for ``Traits(dataset=...)``: the dataset this stage reads by key.
+        failures: shorthand for ``Traits(failures=...)``: how the stage meets failed items.
+        compute: shorthand for ``Traits(compute=...)``: the stage's answer to the planning
+            step.
+        traits: what else the engine knows of the stage, whole (see :class:`Traits`);
+            the three shorthands above replace their fields in it.
 
     Examples:
         >>> from pipeflow import from_iterable, stage
@@ -100,27 +173,23 @@ class Stage(Seeded, Generic[In, Out]):
     """
 
     __slots__ = (
-        "_compute",
         "_config",
-        "_dataset",
         "_factory",
-        "_failures",
         "_fn",
         "_length",
         "_name",
         "_resume",
+        "_traits",
         "_wants",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        gone = sorted(set(vars(cls)) & _GONE)
+        gone = sorted(set(vars(cls)) & set(_GONE))
         if gone:
             msg = (
-                f"{cls.__qualname__} defines {gone[0]}(), which pipeflow no longer calls: a "
-                "stage declares how it resumes once, as data (Stage(..., skip=...) or "
-                "resume=pipeflow.state.Rule(...)), and its function gets its record as its "
-                "'record' keyword; see the reference page 'Your own stages'"
+                f"{cls.__qualname__} defines {gone[0]}, which pipeflow no longer asks a stage: "
+                f"{_GONE[gone[0]]}; see the reference page 'Your own stages'"
             )
             raise TypeError(msg)
 
@@ -134,21 +203,22 @@ class Stage(Seeded, Generic[In, Out]):
         skip: LengthRule = None,
         factory: Callable[..., Stage[Any, Any]] | None = None,
         dataset: Any = None,
-        failures: Literal["bypass", "mark", "pass"] = "bypass",
+        failures: Literal["bypass", "mark", "pass"] | None = None,
         compute: Callable[..., Any] | None = None,
         resume: Rule | None = None,
+        traits: Traits = _PLAIN,
     ) -> None:
         if resume is None:
             resume = Rule.replay() if skip is None else Rule.below(skip)
         elif skip is not None:
             msg = f"stage {name!r}: give skip= or resume=, not both (got {skip!r} and {resume!r})"
             raise TypeError(msg)
+        given = {"dataset": dataset, "failures": failures, "compute": compute}
+        shorthands = {k: v for k, v in given.items() if v is not None}
         self._fn = fn
-        self._compute = compute
-        self._failures = failures
+        self._traits = replace(traits, **shorthands) if shorthands else traits
         self._factory = factory
         self._resume = resume
-        self._dataset = dataset
         self._wants = tuple(k for k in _GIVEN if _takes_keyword(fn, k))
         self._name = name
         self._config: dict[str, Any] = dict(config or {})
@@ -171,14 +241,9 @@ class Stage(Seeded, Generic[In, Out]):
         return (self,)
 
     @property
-    def failures(self) -> str:
-        """How the stage meets failed items: ``"bypass"``, ``"mark"`` or ``"pass"``."""
-        return self._failures
-
-    @property
-    def dataset(self) -> Any:
-        """The dataset this stage reads by key (a ``fetch``), else ``None``."""
-        return self._dataset
+    def traits(self) -> Traits:
+        """What the engine knows of the stage besides its function (see :class:`Traits`)."""
+        return self._traits
 
     @property
     def resume(self) -> Rule:
@@ -218,33 +283,6 @@ class Stage(Seeded, Generic[In, Out]):
         if rule == "same":
             return n
         return rule(n, **self._config)
-
-    def context_after(self, context: Context) -> Context:
-        """The context the next stage sees (this stage may publish ``facts`` for it)."""
-        return context
-
-    def drops_failures(self) -> tuple[type[BaseException], ...]:
-        """The exception types whose failed items this stage drops (``ignore_errors``)."""
-        return ()
-
-    def computed(self, upstream: Any) -> Any:
-        """This stage's output as the planning step computes it, when its input is *upstream*
-        (a description from :mod:`pipeflow._plan`, such as ``Positions``); ``None`` (the
-        default): the stage runs on its items. Only pipeflow's own index stages (``shuffle``,
-        ``shard``, ``batch``) compute."""
-        if self._compute is None:
-            return None
-        return self._compute(upstream, **self._config)
-
-    #: Whether the stage takes its input in runs (a parallel stage): right after a source
-    #: whose iterator knows what it has left, it reads that iterator directly, unwatched,
-    #: and the source's row in ``stats()`` counts what it took (see :mod:`pipeflow._plan`).
-    reads_in_runs = False
-
-    def without_torch(self) -> Stage[In, Out]:
-        """This stage as a worker that has not imported torch should run it (the same one,
-        unless the stage has a numpy-only form that makes the tensors on arrival)."""
-        return self
 
     def close(self) -> None:
         """Release anything the stage holds across epochs (nothing, for most stages)."""
@@ -326,9 +364,7 @@ class Stage(Seeded, Generic[In, Out]):
             self._config,
             self._length,
             self._resume,
-            self._dataset,
-            self._failures,
-            self._compute,
+            self._traits,
         )
         return (_rebuild, state)
 
@@ -343,23 +379,11 @@ def _rebuild(
     name: str,
     config: dict[str, Any],
     length: LengthRule,
-    resume: Rule | None = None,
-    dataset: Any = None,
-    failures: Any = "bypass",
-    compute: Callable[..., Any] | None = None,
+    resume: Rule,
+    traits: Traits,
 ) -> Stage[Any, Any]:
     obj = cls.__new__(cls)
-    Stage.__init__(
-        obj,
-        fn,
-        name,
-        config,
-        length=length,
-        resume=resume,
-        dataset=dataset,
-        failures=failures,
-        compute=compute,
-    )
+    Stage.__init__(obj, fn, name, config, length=length, resume=resume, traits=traits)
     return obj
 
 
@@ -394,7 +418,7 @@ class Pipe(Stage[In, Out]):
         it: Iterable[Any] = upstream
         for s in self._stages:
             it = s.apply(it, context)
-            context = s.context_after(context)
+            context = context_after(s, context)
         return iter(it)
 
     def length(self, n: int) -> int | None:
@@ -460,6 +484,26 @@ def _has_ror(other: object) -> bool:
     # In the classes' own dicts: getattr on a class would find the metaclass's ``type.__ror__``
     # (``int | None``), which every class has.
     return any(vars(c).get("__ror__") is not None for c in type(other).__mro__)
+
+
+def computed(stage: Stage[Any, Any], upstream: Any) -> Any:
+    """*stage*'s output as the planning step computes it when its input is *upstream*, or
+    ``None``: it runs on its items (see :attr:`Traits.compute`)."""
+    compute = stage.traits.compute
+    return None if compute is None else compute(upstream, **stage._config)
+
+
+def context_after(stage: Stage[Any, Any], context: Context) -> Context:
+    """The context the stage after *stage* sees (see :attr:`Traits.publish`)."""
+    publish = stage.traits.publish
+    return context if publish is None else publish(context, **stage._config)
+
+
+def without_torch(stage: Stage[Any, Any]) -> Stage[Any, Any]:
+    """*stage* as a worker that has not imported torch should run it (see
+    :attr:`Traits.numpy`)."""
+    numpy = stage.traits.numpy
+    return stage if numpy is None else numpy(**stage._config)
 
 
 #: What the loader gives a stage function that declares it as a keyword-only parameter (see

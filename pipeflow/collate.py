@@ -14,23 +14,23 @@ from typing import Any
 from pipeflow import _checks
 from pipeflow._collate_torch import default_collate
 from pipeflow._convert import default_convert
-from pipeflow._stage import Stage
+from pipeflow._stage import Stage, Traits
 from pipeflow.errors import _add_note
 from pipeflow.pad import padded_collate
 
 __all__ = ["collate", "default_collate", "default_convert"]
 
 
-class _DefaultCollate(Stage[Any, Any]):
-    """``collate()`` with :func:`default_collate`: it has a numpy-only form for workers."""
+def _numpy_default() -> Stage[Any, Any]:
+    """``collate()`` in a worker that has not imported torch: stack in numpy, make tensors on
+    arrival."""
+    from pipeflow._pending import collate_pending
 
-    __slots__ = ()
+    return Stage(_collate_with, "collate", {"fn": collate_pending}, length="same", skip="same")
 
-    def without_torch(self) -> Stage[Any, Any]:
-        """In a worker that has not imported torch: stack in numpy, make tensors on arrival."""
-        from pipeflow._pending import collate_pending
 
-        return Stage(_collate_with, "collate", {"fn": collate_pending}, length="same", skip="same")
+#: ``collate()`` with :func:`default_collate` has a numpy-only form for workers.
+_DEFAULT = Traits(numpy=_numpy_default)
 
 
 def collate(
@@ -90,7 +90,7 @@ def collate(
             msg = f"collate: {name} goes with pad=; pass the pad value too (got {name}={value!r})"
             raise ValueError(msg)
     if fn is None:
-        return _DefaultCollate(_collate_default, "collate", length="same", skip="same")
+        return Stage(_collate_default, "collate", length="same", skip="same", traits=_DEFAULT)
     _checks.function("collate", "fn", fn, optional=True)
     return Stage(_collate_with, "collate", {"fn": fn}, length="same", skip="same")
 

@@ -39,7 +39,7 @@ from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import _accelerator, pin_memory
 from pipeflow.fetch import fetch
-from pipeflow.ignore import _IgnoreErrors, ignore_errors
+from pipeflow.ignore import ignore_errors, is_ignore_errors
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
 from pipeflow.stats import DATALOADER_KNOBS, Stats
@@ -437,7 +437,7 @@ class DataLoader(tud.DataLoader[T_co]):
 
 def skipping(value: Any) -> bool | Stage[Any, Any]:
     """*value*, which ``ignore_errors=`` takes: a bool, or a ``pf.ignore_errors(...)`` stage."""
-    if isinstance(value, (bool, _IgnoreErrors)):
+    if isinstance(value, bool) or is_ignore_errors(value):
         return value
     msg = (
         "DataLoader: ignore_errors must be True, False or pf.ignore_errors(...) "

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._plan import Positions
-from pipeflow._stage import Stage
+from pipeflow._stage import Stage, Traits
 from pipeflow.errors import SplitTwiceError
 from pipeflow.worker_info import current_info, in_replica, split_reads
 
@@ -96,31 +96,35 @@ def shard(
         raise ValueError(msg)
     _checks.boolean("shard", "drop_last", drop_last)
     config = {"rank": rank, "world_size": world_size, "drop_last": drop_last}
-    return _Shard(_shard, "shard", config, length=_shard_length)
+    return Stage(_shard, "shard", config, length=_shard_length, traits=_TRAITS)
 
 
-class _Shard(Stage[T, T]):
-    """``shard``: over positions the planning step computes it; it publishes how it
-    numbers its outputs."""
+def _computed(
+    upstream: Any, rank: int | None, world_size: int | None, drop_last: bool
+) -> Positions | None:
+    """Over positions: this rank's share of them, resolved when each pass starts."""
+    if not isinstance(upstream, Positions):
+        return None
+    return upstream.sharded(functools.partial(_shares, rank, world_size), drop_last)
 
-    __slots__ = ()
 
-    def computed(self, upstream: Any) -> Positions | None:
-        """Over positions: this rank's share of them, resolved when each pass starts."""
-        if not isinstance(upstream, Positions):
-            return None
-        rank, world_size = self._config["rank"], self._config["world_size"]
-        return upstream.sharded(
-            functools.partial(_shares, rank, world_size), self._config["drop_last"]
-        )
+def _publish(context: Context, rank: int | None, world_size: int | None, **_: Any) -> Context:
+    """Publish ``facts["shard"] = (first, step)``: output ``j`` of this stage is item
+    ``first + j * step`` of the epoch before any shard (composed with an earlier one)."""
+    r, w, k, m = _shares(rank, world_size)
+    first, step = context.facts.get("shard", (0, 1))
+    mine = (first + step * (r + k * w), step * w * m)
+    return replace(context, facts={**context.facts, "shard": mine})
 
-    def context_after(self, context: Context) -> Context:
-        """Publish ``facts["shard"] = (first, step)``: output ``j`` of this stage is item
-        ``first + j * step`` of the epoch before any shard (composed with an earlier one)."""
-        r, w, k, m = _shares(self._config["rank"], self._config["world_size"])
-        first, step = context.facts.get("shard", (0, 1))
-        mine = (first + step * (r + k * w), step * w * m)
-        return replace(context, facts={**context.facts, "shard": mine})
+
+#: ``shard`` over positions the planning step computes; it publishes how it numbers its
+#: outputs.
+_TRAITS = Traits(compute=_computed, publish=_publish)
+
+
+def is_shard(stage: Stage[Any, Any]) -> bool:
+    """Whether *stage* is a ``shard`` (it splits the epoch by rank and worker)."""
+    return stage.traits.publish is _publish
 
 
 def _resolve(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -107,7 +107,7 @@ class _DatasetRecord(Snapshots):
 
     @classmethod
     def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> _DatasetRecord:
-        return cls(stage.dataset, context, saved)
+        return cls(stage.traits.dataset, context, saved)
 
     @classmethod
     def check(

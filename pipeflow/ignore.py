@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._failure import Failure
-from pipeflow._stage import Stage
+from pipeflow._stage import Stage, Traits
 from pipeflow.errors import (
     PipeflowError,
     SplitTwiceError,
@@ -41,11 +41,9 @@ class ErrorBudgetExceeded(PipeflowError):
     """More items failed than ``ignore_errors`` may drop; the last failure is its cause."""
 
 
-class _IgnoreErrors(Stage[T, T]):
-    __slots__ = ()
-
-    def drops_failures(self) -> tuple[type[BaseException], ...]:
-        return tuple(self._config["exceptions"])
+def is_ignore_errors(value: Any) -> TypeGuard[Stage[Any, Any]]:
+    """Whether *value* is a stage :func:`ignore_errors` made."""
+    return isinstance(value, Stage) and value.name == "ignore_errors" and bool(value.traits.drops)
 
 
 #: What its first *k* outputs took of its inputs is in the pass's record (:class:`Drops`).
@@ -118,9 +116,8 @@ def ignore_errors(
     config = {"exceptions": kinds, "max_count": max_count, "max_fraction": max_fraction}
     # len() counts the items before any is dropped (a batch that loses samples is still
     # one batch; an item dropped whole makes the epoch shorter than len() says).
-    return _IgnoreErrors(
-        _ignore, "ignore_errors", config, length="same", failures="pass", resume=_IGNORE
-    )
+    traits = Traits(failures="pass", drops=kinds)
+    return Stage(_ignore, "ignore_errors", config, length="same", resume=_IGNORE, traits=traits)
 
 
 def _ignore(

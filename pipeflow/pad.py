@@ -35,7 +35,7 @@ import numpy as np
 from pipeflow import _alloc, _checks
 from pipeflow._collate_torch import _in_worker, default_collate
 from pipeflow._pending import Pending, collate_pending
-from pipeflow._stage import Stage
+from pipeflow._stage import Stage, Traits
 
 __all__ = ["Padded", "padded_collate"]
 
@@ -77,15 +77,15 @@ def padded_collate(
     _checks.boolean("collate", "lengths", lengths)
     _checks.boolean("collate", "mask", mask)
     config = {"pad": pad, "pad_to_multiple_of": multiple, "lengths": lengths, "mask": mask}
-    return _PadCollate(_collate_padded, "collate", config, length="same", skip="same")
+    return Stage(_collate_padded, "collate", config, length="same", skip="same", traits=_PADDED)
 
 
-class _PadCollate(Stage[Any, Any]):
-    __slots__ = ()
+def _numpy_padded(**config: Any) -> Stage[Any, Any]:
+    """In a worker that has not imported torch: numpy arrays, tensors on arrival."""
+    return Stage(_collate_pending, "collate", config, length="same", skip="same")
 
-    def without_torch(self) -> Stage[Any, Any]:
-        """In a worker that has not imported torch: numpy arrays, tensors on arrival."""
-        return Stage(_collate_pending, "collate", self._config, length="same", skip="same")
+
+_PADDED = Traits(numpy=_numpy_padded)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pipeflow._context import Context
 from pipeflow._permutation import Permutation
 from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
-from pipeflow._stage import Stage
+from pipeflow._stage import Stage, Traits
 from pipeflow.state import Form, Int, Record, Rule
 
 __all__ = ["shuffle"]
@@ -69,25 +69,25 @@ def shuffle(
             msg = f"shuffle: a torch generator's seed must be below 2**63 (got {seed})"
             raise ValueError(msg)
         config = {"seed": seed, "generator": "torch"}
-        return _FullShuffle(_permute_torch, "shuffle", config, length="same", resume=_SEEK)
+        return Stage(_permute_torch, "shuffle", config, length="same", resume=_SEEK, traits=_FULL)
     if buffer_size is None:
-        return _FullShuffle(_permute, "shuffle", {"seed": seed}, length="same", resume=_SEEK)
+        config = {"seed": seed}
+        return Stage(_permute, "shuffle", config, length="same", resume=_SEEK, traits=_FULL)
     buffer_size = _checks.optional_integer("shuffle", "buffer_size", buffer_size, low=1)
     config = {"seed": seed, "buffer_size": buffer_size}
     return Stage(_buffer_shuffle, "shuffle", config, length="same", resume=_BUFFER)
 
 
-class _FullShuffle(Stage[T, T]):
-    """A full shuffle: it starts anywhere in its epoch; over positions the planning step
-    computes it (see :mod:`pipeflow._plan`)."""
+def _computed(upstream: Any, seed: int, generator: str = "numpy") -> Positions | None:
+    """Over positions: the same positions, permuted from ``(seed, epoch)``."""
+    if not isinstance(upstream, Positions):
+        return None
+    return upstream.shuffled(seed, generator)
 
-    __slots__ = ()
 
-    def computed(self, upstream: Any) -> Positions | None:
-        """Over positions: the same positions, permuted from ``(seed, epoch)``."""
-        if not isinstance(upstream, Positions):
-            return None
-        return upstream.shuffled(self._config["seed"], self._config.get("generator", "numpy"))
+#: A full shuffle starts anywhere in its epoch; over positions the planning step computes it
+#: (see :mod:`pipeflow._plan`).
+_FULL = Traits(compute=_computed)
 
 
 def _permute(items: Iterable[T], seed: int, *, context: Context) -> Iterator[T]:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow import _collate_torch as pf_collate
+from pipeflow._stage import without_torch
 from tests.strategies import ragged_lengths
 from tests.test_shm import BIG, Link
 
@@ -124,7 +125,7 @@ def test_without_pad_ragged_items_still_fail_and_the_message_names_the_fix() -> 
 def test_in_a_worker_without_torch_the_batch_is_numpy_until_it_arrives() -> None:
     stage = pf.collate(pad={"ids": 0}, pad_to_multiple_of=4, lengths=True, mask=True)
     samples = [{"ids": [1, 2, 3], "y": 1.5}, {"ids": [4], "y": 2.5}]
-    made = next(stage.without_torch().apply(iter([samples]), pf.Context(0)))
+    made = next(without_torch(stage).apply(iter([samples]), pf.Context(0)))
     assert not isinstance(made["ids"].values, torch.Tensor)  # numpy, wrapped for the trip
     arrived = pickle.loads(pickle.dumps(made))
     expected = collate(samples, pad={"ids": 0}, pad_to_multiple_of=4, lengths=True, mask=True)

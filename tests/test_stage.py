@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -131,11 +132,52 @@ def test_stages_are_immutable(s: pf.Stage) -> None:
 
 # -- how a stage resumes: a rule, declared once ------------------------------------------------
 def test_a_subclass_that_still_answers_resumption_is_refused_when_it_is_defined() -> None:
-    with pytest.raises(TypeError, match=r"defines resumption\(\), which pipeflow no longer"):
+    with pytest.raises(TypeError, match=r"defines resumption, which pipeflow no longer"):
 
         class Old(pf.Stage):  # type: ignore[type-arg]
             def resumption(self, k: int, context: object) -> object:
                 return None
+
+
+@pytest.mark.parametrize(
+    ("method", "field"),
+    [
+        ("computed", "compute"),
+        ("context_after", "publish"),
+        ("drops_failures", "drops"),
+        ("without_torch", "numpy"),
+    ],
+)
+def test_a_subclass_that_still_answers_an_engine_question_is_refused(
+    method: str, field: str
+) -> None:
+    with pytest.raises(TypeError, match=rf"defines {method}, .*Traits\({field}=\.\.\.\)"):
+        type("Old", (pf.Stage,), {method: lambda self, *args: None})
+
+
+def _tag(context: pf.Context, *, label: str) -> pf.Context:
+    return dataclasses.replace(context, facts={**context.facts, "label": label})
+
+
+def _read_tag(items, *, context):  # type: ignore[no-untyped-def]
+    for x in items:
+        yield (x, context.facts.get("label"))
+
+
+def test_traits_are_data_that_travel_with_the_stage_and_reach_the_next_one() -> None:
+    tagging = pf.Stage(
+        lambda items, label: iter(items),
+        "tag",
+        {"label": "a"},
+        length="same",
+        traits=pf.Traits(publish=_tag),
+    )
+    assert tagging.traits == pf.Traits(publish=_tag)
+    assert pickle.loads(pickle.dumps(pf.Stage(iter, "x", failures="pass"))).traits == (
+        pf.Traits(failures="pass")
+    )
+    reading = pf.Stage(_read_tag, "read", length="same")
+    assert list(pf.from_iterable([1, 2]) | tagging | reading) == [(1, "a"), (2, "a")]
 
 
 def test_skip_and_a_whole_rule_are_one_or_the_other() -> None:

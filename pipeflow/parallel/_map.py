@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import is_coroutine_function, refuse
-from pipeflow._stage import Stage, _short
+from pipeflow._stage import Stage, Traits, _short
 from pipeflow.parallel._records import MapRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
@@ -22,16 +22,19 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 
+#: It marks failed items, and takes its items as many at a time as there is room for.
+_TRAITS = Traits(failures="mark", reads_in_runs=True)
+
+
 class ParallelMap(Stage[T, U]):
     """The stage :func:`parallel_map` returns."""
 
     __slots__ = ()
-    reads_in_runs = True  # it takes its items as many at a time as there is room for
 
     def __init__(self, fn: Any, config: Settings) -> None:
         config_ = {"fn": fn, "settings": config}
         rule = _IN_ORDER if config.ordered else _UNORDERED
-        super().__init__(_run, "parallel_map", config_, length="same", failures="mark", resume=rule)
+        super().__init__(_run, "parallel_map", config_, length="same", resume=rule, traits=_TRAITS)
 
     def __repr__(self) -> str:
         fn = self._config["fn"]

@@ -182,7 +182,7 @@ def _stateful(stage: Any) -> bool:
 
     fn = stage.config["fn"]
     stages = fn.stages if isinstance(fn, Stage) else ()
-    return any(is_stateful(s.dataset) for s in stages if s.dataset is not None)
+    return any(is_stateful(s.traits.dataset) for s in stages)
 
 
 def check_map_record(

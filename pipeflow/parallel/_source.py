@@ -209,9 +209,9 @@ def _even_batches(loader: Loader[Any], workers: int, *, when_built: bool) -> Non
 def _split_once(loader: Loader[Any]) -> None:
     """Refuse a loader with two ``shard`` stages: in a worker, each would take a worker's
     share of what the one before kept."""
-    from pipeflow.distributed import _Shard
+    from pipeflow.distributed import is_shard
 
-    shards = [s for s in loader.stages if isinstance(s, _Shard)]
+    shards = [s for s in loader.stages if is_shard(s)]
     if len(shards) > 1:
         msg = (
             f"parallel_source: loader must split by worker once, but it has {len(shards)} "

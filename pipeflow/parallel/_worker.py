@@ -26,7 +26,7 @@ from pipeflow._objects import is_stateful
 from pipeflow._random import seed_sequence_state
 from pipeflow._rngs import capture as capture_rngs
 from pipeflow._rngs import restore as restore_rngs
-from pipeflow._stage import Stage
+from pipeflow._stage import Stage, context_after, without_torch
 from pipeflow.errors import StreamNotSplitError, annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Pickled
@@ -119,12 +119,13 @@ class MapJob:
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""
         if self.stages is not None:
-            self.stages = tuple(s.without_torch() for s in self.stages)
+            self.stages = tuple(without_torch(s) for s in self.stages)
 
     @property
     def dataset(self) -> Any:
         """The dataset the stages read by key, for ``WorkerInfo.dataset``."""
-        return next((s.dataset for s in self.stages or () if s.dataset is not None), None)
+        datasets = (s.traits.dataset for s in self.stages or ())
+        return next((d for d in datasets if d is not None), None)
 
     def snapshot(self) -> dict[str, Any] | None:
         """The worker's copy of a stateful dataset, as it stands (``None``: not stateful)."""
@@ -153,9 +154,9 @@ class MapJob:
         it: Iterator[Any] = iter((item,))
         for s in self.stages:
             it = _track(s.apply(it, context), s.name, failed)
-            if s.failures == "mark":  # failures it yields: raised, or kept when dropped
+            if s.traits.failures == "mark":  # failures it yields: raised, or kept when dropped
                 it = _unmark(it, dropped)
-            context = s.context_after(context)
+            context = context_after(s, context)
         try:
             out = next(it)
         except StopIteration:
@@ -216,7 +217,7 @@ class SourceJob:
 
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""
-        stages = tuple(s.without_torch() for s in self.loader.stages)
+        stages = tuple(without_torch(s) for s in self.loader.stages)
         self.loader = type(self.loader)(self.loader.source, stages)
 
     def clone(self) -> SourceJob:
@@ -296,7 +297,9 @@ def _split_in_threads(loader: Any, dataset: Any, name: str) -> None:
     iterable = getattr(torch_data, "IterableDataset", None)
     if iterable is None or not isinstance(dataset, iterable) or split_reads():
         return
-    if any(type(s).__name__ == "_Shard" for s in loader.stages):
+    from pipeflow.distributed import is_shard
+
+    if any(is_shard(s) for s in loader.stages):
         return
     msg = (
         f"{name}(backend='thread'): {type(dataset).__name__} is a torch IterableDataset that "
