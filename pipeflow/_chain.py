@@ -118,7 +118,7 @@ def _source(
     in the state, for a source that keeps one)."""
     source = planned.source
     start = skip.source_skip
-    first = replace(context, start=start if source.seekable() else 0)
+    first = replace(context, start=start if source.resume.kind != "replay" else 0)
     if source.uses_hooks:  # it keeps a pool, or a record of its objects' states
         ahead = any(s.resume.reads_ahead for s in planned.stages)
         saved = resume.get("source")
@@ -128,7 +128,7 @@ def _source(
         watched(hooks.record, planned.stages, progress)
     else:
         it = source.iterate(first)
-    if start and not source.seekable():
+    if start and source.resume.kind == "replay":
         it = cut(it, start)
     if planned.direct and rec is not None:  # read unwatched: counted by what it has left
         rec.count_by_remaining(it)

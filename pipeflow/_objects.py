@@ -133,16 +133,29 @@ class Snapshots(Record):
 
     __slots__ = ("at", "history", "it", "live", "obj", "produced")
 
-    #: A :func:`snapshot` as of item ``"at"`` (at most the state's *position*), restored
-    #: ``"early"`` (as the pass starts) when it is a record from between passes.
+    #: A :func:`snapshot` as of item ``"at"`` (at most the source's items the state's
+    #: position consumed), restored ``"early"`` (as the pass starts) when it is a record from
+    #: between passes.
     FORM = Form(
         {
-            "at": Int(0, "position"),
+            "at": Int(0, "consumed"),
             "object": Value(),
             "iterator": Value(),
             "early": Value(flag, True),
         }
     )
+
+    @classmethod
+    def check(
+        cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """As :meth:`Record.check`; and a record for a stateful object's source must hold
+        the state of its object or of its iterator."""
+        checked = super().check(source, record, where, consumed, total)
+        if is_stateful(source.obj) and checked["object"] is None and checked["iterator"] is None:
+            msg = f"load_state_dict: {where} holds no state of its object or iterator"
+            raise ValueError(msg)
+        return checked
 
     def __init__(
         self, obj: Any, it: Any, produced: int, history: bool, saved: dict[str, Any] | None

@@ -30,6 +30,7 @@ from typing import Any
 from pipeflow._context import Context
 from pipeflow._permutation import Permutation
 from pipeflow._stage import Source, Stage, computed
+from pipeflow.state import Rule
 
 __all__ = ["Batches", "Computed", "PassPlan", "Positions", "plan"]
 
@@ -138,6 +139,8 @@ class Computed(Source[Any]):
     or :class:`Batches`); it starts anywhere in them at once (a resumed pass).
     """
 
+    resume = Rule.seek()
+
     def __init__(
         self, source: Source[Any], stages: tuple[Stage[Any, Any], ...], described: Any
     ) -> None:
@@ -148,9 +151,6 @@ class Computed(Source[Any]):
 
     def iterate(self, context: Context) -> Iterator[Any]:
         return self.described.items(context.epoch, context.start)  # type: ignore[no-any-return]
-
-    def seekable(self) -> bool:
-        return True
 
     def length(self) -> int | None:
         n = self.source.length()

@@ -548,19 +548,19 @@ class Source(Seeded, Generic[Out]):
     #: Whether :meth:`iterate` takes the loader's private hooks as a second argument (a
     #: parallel source keeps its persistent pool there).
     uses_hooks: bool = False
+    #: How a resumed pass skips the source's first items, declared once, as a stage's is
+    #: (a :class:`~pipeflow.state.Rule`): ``replay`` (the default: they are read again),
+    #: ``seek`` (:meth:`iterate` starts at item ``context.start``), or ``recorded`` (it
+    #: starts there from the record its pass kept: a stateful object's, a ``mix``'s).
+    resume: Rule = Rule.replay()
 
     def iterate(self, context: Context) -> Iterator[Out]:
         """Return a fresh iterator over this epoch's items.
 
-        A :meth:`seekable` source starts at item ``context.start`` (a resumed pass); the
-        others always start at the beginning.
+        A source whose :attr:`resume` rule seeks (or keeps a record) starts at item
+        ``context.start`` (a resumed pass); the others always start at the beginning.
         """
         raise NotImplementedError
-
-    def seekable(self) -> bool:
-        """Whether :meth:`iterate` starts at item ``context.start`` (a resumed pass skips
-        that many items for free); the others are skipped by reading them."""
-        return False
 
     def dataset_indices(self) -> bool:
         """Whether the items are indices of a dataset the user holds (``indices(dataset)``, a
@@ -588,30 +588,6 @@ class Source(Seeded, Generic[Out]):
     def with_seeds(self, seeds: Iterator[int]) -> Source[Out]:
         """The source with its seeds taken in order from *seeds* (itself: none, by default)."""
         return self
-
-    def identity(self) -> str:
-        """What a saved state compares to tell whether it comes from a pipeline reading this
-        source (its :meth:`describe`, by default)."""
-        return self.describe()
-
-    def check_record(self, record: Any, position: int) -> Any:
-        """Refuse a record for this source in a state being loaded that it could not have
-        made; return it as the next pass gets it (``context.saved``). A source that keeps no
-        record refuses any."""
-        msg = f"load_state_dict: state['source'] holds a record, but {self.name} keeps none"
-        raise ValueError(msg)
-
-    def requires_record(self) -> bool:
-        """Whether a state that skips some of its items must hold its record (``False``)."""
-        return False
-
-    def idle_record(self) -> dict[str, Any] | None:
-        """Its record between passes, when it keeps one (``None``)."""
-        return None
-
-    def check_pass(self, record: Any, where: str, epoch: int) -> None:
-        """Refuse a checked record from another pass than epoch *epoch*'s (nothing to check,
-        by default)."""
 
     def close(self) -> None:
         """Release anything the source holds across epochs (nothing, for most sources)."""

@@ -34,6 +34,7 @@ from pipeflow.state import (
     flag,
     flat_index,
     integer,
+    must_hold,
     plan,
     record_keys,
     seeds,
@@ -86,10 +87,13 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     skip = plan(stages, resume).source_skip
     if "source" in state:
-        resume["source"] = source.check_record(state["source"], skip)
+        where = "state['source']"
+        resume["source"] = check_source(source, state["source"], where, skip)
         running, *_ = replaced([source, *stages], iter(adopted))
-        running.check_pass(resume["source"], "state['source']", state["epoch"])  # a mix's
-    elif skip and source.requires_record():
+        check_pass = running.resume.check_pass  # a mix's: its loaders' records, their passes
+        if check_pass is not None:
+            check_pass(running, resume["source"], where, state["epoch"])
+    elif skip and must_hold(source):
         msg = (
             f"state['source'] is missing: {source.name} keeps a record, and {skip} of its items "
             "were consumed"
@@ -115,8 +119,8 @@ def check_pass_record(
     out: dict[str, Any] = {"position": position, "stages": records}
     skip = plan(stages, out).source_skip
     if "source" in record:
-        out["source"] = source.check_record(record["source"], skip)
-    elif skip and source.requires_record():
+        out["source"] = check_source(source, record["source"], f"{where}['source']", skip)
+    elif skip and must_hold(source):
         raise _fail(
             f"{where}['source'] is missing: its source keeps a record, and {skip} "
             "of its items were consumed"
@@ -334,6 +338,17 @@ def check_record(
         return map_record_inline(record, where, consumed, total)
     msg = f"load_state_dict: {where} holds a record, but this stage keeps none"
     raise ValueError(msg)
+
+
+def check_source(source: Any, record: Any, where: str, consumed: int) -> dict[str, Any]:
+    """Refuse a *record* for *source* that its rule's record class could not have made,
+    told how many of its items the state consumed; return it as the next pass gets it. A
+    source that keeps no record refuses any."""
+    rule: Rule = source.resume
+    if rule.record is None:
+        msg = f"load_state_dict: {where} holds a record, but {source.name} keeps none"
+        raise ValueError(msg)
+    return rule.record.check(source, record, where, consumed, None)
 
 
 def verify_data(

@@ -20,7 +20,16 @@ from pipeflow._random import MIX, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
 from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
-from pipeflow.state import Progress, Record, flat_index, integer, light, record_keys, through
+from pipeflow.state import (
+    Progress,
+    Record,
+    Rule,
+    flat_index,
+    integer,
+    light,
+    record_keys,
+    through,
+)
 
 __all__ = ["mix"]
 
@@ -60,6 +69,13 @@ class _Record(Record):
         "source",
         "start",
     )
+
+    @classmethod
+    def check(
+        cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """See :func:`_check`: *consumed* is the mix's outputs the state's position took."""
+        return _check(source, record, where, consumed or 0)
 
     def __init__(self, source: _Mix, saved: dict[str, Any] | None, start: int) -> None:
         n = len(source.loaders)
@@ -169,17 +185,127 @@ def _pass_record(loader: Loader[Any], progress: Progress, count: int) -> dict[st
     return light(loader.source, loader.stages, view)
 
 
+def _check(mix: _Mix, record: Any, where: str, position: int) -> dict[str, Any]:
+    """A :class:`_Record`'s: a count, an end and a pass per loader, and each loader's
+    record (its own pass record: the position of its pass, its stages' records)."""
+    record_keys(record, where, {"counts", "ended", "cycles", "loaders"}, set())
+    n = len(mix.loaders)
+    for key in ("counts", "ended", "cycles", "loaders"):
+        value = record[key]
+        if not isinstance(value, list) or len(value) != n:
+            msg = f"load_state_dict: {where}[{key!r}] must be a list of {n} (got {value!r})"
+            raise ValueError(msg)
+    for i in range(n):
+        integer(record["counts"][i], f"{where}['counts'][{i}]")
+        integer(record["cycles"][i], f"{where}['cycles'][{i}]")
+        if not isinstance(record["ended"][i], bool):
+            raise ValueError(f"load_state_dict: {where}['ended'][{i}] must be a bool")
+        child = record["loaders"][i]
+        if child is None and not record["ended"][i]:  # where it stands is missing
+            msg = (
+                f"load_state_dict: {where}['loaders'][{i}] is None, but loader {i} has not "
+                f"ended ({where}['ended'][{i}] is False): its {record['counts'][i]} items "
+                "consumed would be read again"
+            )
+            raise ValueError(msg)
+        if child is not None and record["ended"][i]:
+            msg = (
+                f"load_state_dict: {where}['loaders'][{i}] holds where loader {i} stands, "
+                f"but {where}['ended'][{i}] says it ended (an ended loader's is None)"
+            )
+            raise ValueError(msg)
+        if child is not None:
+            loader = mix.loaders[i]
+            place = f"{where}['loaders'][{i}]"
+            checked = check_pass_record(loader.source, loader.stages, child, place)
+            if checked["position"] != record["counts"][i]:
+                msg = (
+                    f"load_state_dict: {place}['position'] is {checked['position']}, and "
+                    f"{where}['counts'][{i}] says {record['counts'][i]} of its items were "
+                    "consumed"
+                )
+                raise ValueError(msg)
+    # every output is one loader's, in its current pass or in one it ended (at least
+    # one output each: an empty loader is not started again); once every loader is out
+    # of play the position may lie past the last output (a batch after the mix counts
+    # its last, short batch as a full one)
+    made, ended_passes = sum(record["counts"]), sum(record["cycles"])
+    over = all(record["ended"])
+    if made + ended_passes > position or (made != position and not (ended_passes or over)):
+        msg = (
+            f"load_state_dict: {where} counts {made} items from its loaders' passes in "
+            f"play and {ended_passes} passes ended, and the position says {position} "
+            "items were consumed"
+        )
+        raise ValueError(msg)
+    _check_stop(mix, record, where)
+    return dict(record)
+
+
+def _check_stop(mix: _Mix, record: dict[str, Any], where: str) -> None:
+    """Refuse counts, ends and passes that this mix's *stop* rule, and its loaders'
+    lengths where they are known, could not have made (a record with every loader
+    ended is the mix's end: any counts its passes allow)."""
+    counts, ended, cycles = record["counts"], record["ended"], record["cycles"]
+    over = all(ended)
+
+    def fail(why: str) -> ValueError:
+        return ValueError(f"load_state_dict: {where}: {why}, with stop={mix.stop!r}")
+
+    if mix.stop != "cycle" and any(cycles):
+        raise fail(f"{where}['cycles'] is {cycles}: no loader starts again")
+    if mix.stop == "first" and any(ended) and not over:
+        raise fail(f"{where}['ended'] is {ended}: the mix ends as the first loader runs out")
+    if mix.stop == "cycle" and not over:
+        for i in range(len(counts)):
+            if ended[i] and (counts[i] or cycles[i]):
+                raise fail(f"loader {i} ended: only an empty loader leaves the mix")
+    for i, loader in enumerate(mix.loaders):
+        try:
+            size = len(loader)
+        except TypeError:  # only known by running it
+            continue
+        if mix.stop == "cycle" and ended[i] and size and not over:
+            raise fail(f"loader {i} ended, and it is not empty ({size} items per pass)")
+        if counts[i] > size or (mix.stop == "all" and ended[i] and counts[i] != size):
+            why = "ended after" if ended[i] else "gave"
+            raise fail(f"loader {i} has {size} items per pass, and {why} {counts[i]}")
+
+
+def _check_pass(mix: _Mix, record: dict[str, Any], where: str, epoch: int) -> None:
+    """Refuse a (checked) record whose loaders' records belong to other passes than the
+    ones a resumed epoch *epoch* runs (loader ``i``'s epoch ``epoch + cycles[i]``, with
+    the seeds this mix's loaders have: give this mix the state's seeds first), as a
+    state's stages are checked (their ``check_pass``): a buffer shuffle's record from
+    another loader or pass would refill its buffer with other items."""
+    for i, child in enumerate(record["loaders"]):
+        if child is None:
+            continue
+        loader, run = mix.loaders[i], epoch + record["cycles"][i]
+        place = f"{where}['loaders'][{i}]"
+        by_flat = {flat_index(loader.stages, k): k for k in range(len(loader.stages))}
+        for key, saved in child.get("stages", {}).items():
+            stage = loader.stages[by_flat[int(key)]]
+            check = stage.resume.check_pass
+            if check is not None:
+                check(stage, saved, f"{place}['stages'][{key!r}] (stage {stage.name!r})", run)
+        if child.get("source") is not None:
+            source_check = loader.source.resume.check_pass
+            if source_check is not None:
+                source_check(loader.source, child["source"], f"{place}['source']", run)
+
+
 class _Mix(Source[Any]):
     name = "mix"
     uses_hooks = True
+    #: A resumed pass resumes each loader from the record, and the record of each belongs
+    #: to the pass of it the resumed epoch runs.
+    resume = Rule.recorded(_Record, must_hold=True, check_pass=_check_pass)
 
     def __init__(
         self, loaders: tuple[Loader[Any], ...], weights: tuple[float, ...], seed: int, stop: str
     ) -> None:
         self.loaders, self.weights, self.seed, self.stop = loaders, weights, seed, stop
-
-    def seekable(self) -> bool:
-        return True  # a resumed pass resumes each loader from the record
 
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
         hooks = hooks or Hooks()
@@ -252,115 +378,6 @@ class _Mix(Source[Any]):
             its[i] = iter(loader)
             record.started(i, loader)
         return its
-
-    def check_record(self, record: Any, position: int) -> dict[str, Any]:
-        """A :class:`_Record`'s: a count, an end and a pass per loader, and each loader's
-        record (its own pass record: the position of its pass, its stages' records)."""
-        where = "state['source']"
-        record_keys(record, where, {"counts", "ended", "cycles", "loaders"}, set())
-        n = len(self.loaders)
-        for key in ("counts", "ended", "cycles", "loaders"):
-            value = record[key]
-            if not isinstance(value, list) or len(value) != n:
-                msg = f"load_state_dict: {where}[{key!r}] must be a list of {n} (got {value!r})"
-                raise ValueError(msg)
-        for i in range(n):
-            integer(record["counts"][i], f"{where}['counts'][{i}]")
-            integer(record["cycles"][i], f"{where}['cycles'][{i}]")
-            if not isinstance(record["ended"][i], bool):
-                raise ValueError(f"load_state_dict: {where}['ended'][{i}] must be a bool")
-            child = record["loaders"][i]
-            if child is None and not record["ended"][i]:  # where it stands is missing
-                msg = (
-                    f"load_state_dict: {where}['loaders'][{i}] is None, but loader {i} has not "
-                    f"ended ({where}['ended'][{i}] is False): its {record['counts'][i]} items "
-                    "consumed would be read again"
-                )
-                raise ValueError(msg)
-            if child is not None and record["ended"][i]:
-                msg = (
-                    f"load_state_dict: {where}['loaders'][{i}] holds where loader {i} stands, "
-                    f"but {where}['ended'][{i}] says it ended (an ended loader's is None)"
-                )
-                raise ValueError(msg)
-            if child is not None:
-                loader = self.loaders[i]
-                place = f"{where}['loaders'][{i}]"
-                checked = check_pass_record(loader.source, loader.stages, child, place)
-                if checked["position"] != record["counts"][i]:
-                    msg = (
-                        f"load_state_dict: {place}['position'] is {checked['position']}, and "
-                        f"{where}['counts'][{i}] says {record['counts'][i]} of its items were "
-                        "consumed"
-                    )
-                    raise ValueError(msg)
-        # every output is one loader's, in its current pass or in one it ended (at least
-        # one output each: an empty loader is not started again); once every loader is out
-        # of play the position may lie past the last output (a batch after the mix counts
-        # its last, short batch as a full one)
-        made, ended_passes = sum(record["counts"]), sum(record["cycles"])
-        over = all(record["ended"])
-        if made + ended_passes > position or (made != position and not (ended_passes or over)):
-            msg = (
-                f"load_state_dict: {where} counts {made} items from its loaders' passes in "
-                f"play and {ended_passes} passes ended, and the position says {position} "
-                "items were consumed"
-            )
-            raise ValueError(msg)
-        self._check_stop(record, where)
-        return dict(record)
-
-    def _check_stop(self, record: dict[str, Any], where: str) -> None:
-        """Refuse counts, ends and passes that this mix's *stop* rule, and its loaders'
-        lengths where they are known, could not have made (a record with every loader
-        ended is the mix's end: any counts its passes allow)."""
-        counts, ended, cycles = record["counts"], record["ended"], record["cycles"]
-        over = all(ended)
-
-        def fail(why: str) -> ValueError:
-            return ValueError(f"load_state_dict: {where}: {why}, with stop={self.stop!r}")
-
-        if self.stop != "cycle" and any(cycles):
-            raise fail(f"{where}['cycles'] is {cycles}: no loader starts again")
-        if self.stop == "first" and any(ended) and not over:
-            raise fail(f"{where}['ended'] is {ended}: the mix ends as the first loader runs out")
-        if self.stop == "cycle" and not over:
-            for i in range(len(counts)):
-                if ended[i] and (counts[i] or cycles[i]):
-                    raise fail(f"loader {i} ended: only an empty loader leaves the mix")
-        for i, loader in enumerate(self.loaders):
-            try:
-                size = len(loader)
-            except TypeError:  # only known by running it
-                continue
-            if self.stop == "cycle" and ended[i] and size and not over:
-                raise fail(f"loader {i} ended, and it is not empty ({size} items per pass)")
-            if counts[i] > size or (self.stop == "all" and ended[i] and counts[i] != size):
-                why = "ended after" if ended[i] else "gave"
-                raise fail(f"loader {i} has {size} items per pass, and {why} {counts[i]}")
-
-    def check_pass(self, record: dict[str, Any], where: str, epoch: int) -> None:
-        """Refuse a (checked) record whose loaders' records belong to other passes than the
-        ones a resumed epoch *epoch* runs (loader ``i``'s epoch ``epoch + cycles[i]``, with
-        the seeds this mix's loaders have: give this mix the state's seeds first), as a
-        state's stages are checked (their ``check_pass``): a buffer shuffle's record from
-        another loader or pass would refill its buffer with other items."""
-        for i, child in enumerate(record["loaders"]):
-            if child is None:
-                continue
-            loader, run = self.loaders[i], epoch + record["cycles"][i]
-            place = f"{where}['loaders'][{i}]"
-            by_flat = {flat_index(loader.stages, k): k for k in range(len(loader.stages))}
-            for key, saved in child.get("stages", {}).items():
-                stage = loader.stages[by_flat[int(key)]]
-                check = stage.resume.check_pass
-                if check is not None:
-                    check(stage, saved, f"{place}['stages'][{key!r}] (stage {stage.name!r})", run)
-            if child.get("source") is not None:
-                loader.source.check_pass(child["source"], f"{place}['source']", run)
-
-    def requires_record(self) -> bool:
-        return True
 
     def length(self) -> int | None:
         return None

@@ -34,6 +34,7 @@ from pipeflow._random import SHARDS, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
 from pipeflow.distributed import rank_and_world_size
 from pipeflow.loader import Loader
+from pipeflow.state import Rule
 from pipeflow.worker_info import get_worker_info, in_replica
 
 __all__ = ["Shard", "expand", "relative_names", "root_of", "shards", "split"]
@@ -189,8 +190,17 @@ def split(
     return out
 
 
+def _identity(source: _Shards) -> list[str]:
+    """What a state compares: the shards' names relative to their folder or bucket (see
+    :func:`root_of`), so a state resumes over the same shards moved elsewhere; the seed only
+    when the order depends on it."""
+    return [source._describe("")]
+
+
 class _Shards(Source[Shard]):
     name = "shards"
+    #: A pass starts at any piece; a state compares the shards by their relative names.
+    resume = Rule.seek(identity=_identity)
 
     def __init__(self, urls: tuple[str, ...], sizes: tuple[int, ...] | None, **config: Any):
         self.urls = urls
@@ -231,9 +241,6 @@ class _Shards(Source[Shard]):
         pieces = self.pieces(context.epoch)
         return iter(pieces[context.start :])
 
-    def seekable(self) -> bool:
-        return True
-
     def length(self) -> int | None:
         """The pieces per epoch, where the order does not change how many (a run of samples
         cut from shuffled shards may span more or fewer of them)."""
@@ -250,12 +257,6 @@ class _Shards(Source[Shard]):
     def describe(self) -> str:
         root = root_of(self.urls)
         return self._describe(f" under {root!r}" if root else "")
-
-    def identity(self) -> str:
-        """What a state compares: the shards' names relative to their folder or bucket (see
-        :func:`root_of`), so a state resumes over the same shards moved elsewhere; the seed
-        only when the order depends on it."""
-        return self._describe("")
 
     def _describe(self, where: str) -> str:
         c = self.config

@@ -18,7 +18,7 @@ from pipeflow._samplers import describe_sampler
 from pipeflow._stage import Source, Stage, _short
 from pipeflow.errors import PipeflowError
 from pipeflow.loader import Loader
-from pipeflow.state import conform
+from pipeflow.state import Rule
 
 __all__ = ["from_iterable", "from_sampler", "indices"]
 
@@ -27,6 +27,7 @@ T = TypeVar("T")
 
 class _Indices(Source[int]):
     name = "indices"
+    resume = Rule.seek()
 
     def __init__(self, n: int, of_dataset: bool = False) -> None:
         self.n = n
@@ -37,9 +38,6 @@ class _Indices(Source[int]):
 
     def iterate(self, context: Context) -> Iterator[int]:
         return iter(range(min(context.start, self.n), self.n))
-
-    def seekable(self) -> bool:
-        return True
 
     def computed(self) -> Positions:
         return Positions(self.n)
@@ -122,18 +120,30 @@ def _length_or_index(value: Any) -> int | None:
         return None
 
 
+def _holds_state(source: _Restoring) -> bool:
+    """Whether a state that consumed some of *source*'s items must hold its record."""
+    return is_stateful(source.obj)
+
+
+def _between_passes(source: _Restoring) -> dict[str, Any] | None:
+    """The record of a state taken between passes: the object's state now, restored
+    ``"early"`` (as the next pass starts, before it draws anything)."""
+    if not is_stateful(source.obj):
+        return None
+    return {"at": 0, **snapshot(source.obj, None), "early": True}
+
+
 class _Restoring(Source[Any]):
     """A source that reads a user object's iterator: a stateful object (and iterator) is
     restored where a resumed pass starts, and tracked for ``state_dict()`` (see
     :mod:`pipeflow._objects`); the others are read again up to there."""
 
     uses_hooks = True  # the loader hands it what a resumed pass starts from, and its record
+    #: It reads up to ``context.start`` itself (from a snapshot, when saved).
+    resume = Rule.recorded(Snapshots, must_hold=_holds_state, idle=_between_passes)
 
     def __init__(self, obj: Any) -> None:
         self.obj = obj
-
-    def seekable(self) -> bool:
-        return True  # it reads up to ``context.start`` itself (from a snapshot, when saved)
 
     def _iterator(self, context: Context, hooks: Hooks | None) -> Iterator[Any]:
         """``iter(obj)``, reading up to ``context.start`` at its first ``next()`` (as a
@@ -158,25 +168,6 @@ class _Restoring(Source[Any]):
         snaps = Snapshots(self.obj, it, 0, hooks.history, None)
         hooks.record = snaps
         return snaps.tracking(it, context.start)
-
-    def requires_record(self) -> bool:
-        """Whether a state that consumed some of its items must hold its record."""
-        return is_stateful(self.obj)
-
-    def idle_record(self) -> dict[str, Any] | None:
-        """The record of a state taken between passes: the object's state now, restored
-        ``"early"`` (as the next pass starts, before it draws anything)."""
-        if not is_stateful(self.obj):
-            return None
-        return {"at": 0, **snapshot(self.obj, None), "early": True}
-
-    def check_record(self, record: Any, position: int) -> dict[str, Any]:
-        """A :func:`~pipeflow._objects.snapshot` at item ``"at"`` (at most *position*)."""
-        checked = conform(Snapshots.FORM, record, "state['source']", {"position": position})
-        if is_stateful(self.obj) and checked["object"] is None and checked["iterator"] is None:
-            msg = "load_state_dict: state['source'] holds no state of its object or iterator"
-            raise ValueError(msg)
-        return checked
 
 
 class _FromSampler(_Restoring):

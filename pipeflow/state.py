@@ -220,7 +220,10 @@ def _rising(value: Any, where: str, above: int, below: int | None) -> list[int]:
 @dataclass(frozen=True)
 class Rule:
     """How a stage resumes, declared once when the stage is built: the stage's
-    :attr:`~pipeflow.Stage.resume` (see the module's text for the four kinds).
+    :attr:`~pipeflow.Stage.resume` (see the module's text for the four kinds). A source
+    declares its own the same way (:attr:`~pipeflow.Source.resume`): ``replay`` (its items
+    are read again), ``seek`` (it starts at ``context.start``), or ``recorded`` (it starts
+    there from the record its pass kept).
 
     The functions a rule holds are called with the stage itself first (so that a stage with
     the state's seeds adopted checks with those); the loader calls them, never the stage.
@@ -242,7 +245,12 @@ class Rule:
         verify: ``verify(stage, record, where, source)``: refuse a checked record whose data
             changed since the state was taken (a reader's shard).
         identity: ``identity(stage)``: what a state compares to tell whether it comes from a
-            pipeline like this one (its repr, by default); runtime knobs are left out.
+            pipeline like this one, as a list of strings (its repr, a source's
+            ``describe()``, by default); runtime knobs are left out.
+        must_hold: for a recording source, whether a state that consumed some of its items
+            must hold its record: a bool, or ``must_hold(source)``.
+        idle: for a recording source, ``idle(source)``: its record between passes (a
+            stateful object's state now), or ``None``.
         reads_ahead: the stage reads its input ahead of its consumer (a parallel stage, a
             prefetching thread): the stateful objects above it keep a snapshot after every
             item, so a state is taken where the consumer stood (:mod:`pipeflow._objects`).
@@ -264,6 +272,8 @@ class Rule:
     verify: Callable[..., None] | None = None
     identity: Callable[[Any], list[str]] | None = None
     reads_ahead: bool = False
+    must_hold: bool | Callable[[Any], bool] = False
+    idle: Callable[[Any], dict[str, Any] | None] | None = None
 
     @staticmethod
     def below(per: Any, **more: Any) -> Rule:
@@ -630,6 +640,23 @@ def _identity(stage: Any) -> list[str]:
     return [repr(stage)] if rule.identity is None else rule.identity(stage)
 
 
+def _source_identity(source: Any) -> list[str]:
+    rule: Rule = source.resume
+    return [source.describe()] if rule.identity is None else rule.identity(source)
+
+
+def idle(source: Any) -> dict[str, Any] | None:
+    """*source*'s record between passes, when its rule keeps one (``None``)."""
+    rule: Rule = source.resume
+    return None if rule.idle is None else rule.idle(source)
+
+
+def must_hold(source: Any) -> bool:
+    """Whether a state that consumed some of *source*'s items must hold its record."""
+    rule: Rule = source.resume
+    return rule.must_hold if isinstance(rule.must_hold, bool) else rule.must_hold(source)
+
+
 def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
     """The pipeline's identity: its source and every stage, without runtime knobs, with every
     seed shown as ``<seed>`` (seeds are compared apart: see :func:`seeds`).
@@ -638,7 +665,7 @@ def fingerprint(source: Any, stages: Sequence[Any]) -> list[str]:
     runs with and without workers.
     """
     source, *masked = replaced([source, *stages], itertools.repeat(MASK))
-    return [source.identity(), *(x for s in masked for x in _identity(s))]
+    return [*_source_identity(source), *(x for s in masked for x in _identity(s))]
 
 
 def seeds(source: Any, stages: Sequence[Any]) -> list[list[Any]]:
@@ -670,11 +697,11 @@ def take(
         epoch, resume = pending
         position = resume.get("position", 0)
         records = resume.get("stages", {})
-        kept = resume.get("source", source.idle_record())
+        kept = resume.get("source", idle(source))
     elif progress.done:
         epoch, position = progress.epoch + 1, 0
         kept = progress.source.ended_record() if progress.source is not None else None
-        kept = source.idle_record() if kept is None else kept
+        kept = idle(source) if kept is None else kept
         records = _carried(progress)
     else:
         epoch, position = progress.epoch, progress.start + progress.delivered
@@ -722,7 +749,7 @@ def light(source: Any, stages: Sequence[Any], progress: Progress | None) -> dict
     if progress is None or (progress.source is None and not progress.deliveries):
         return None
     if progress.done:
-        kept = source.idle_record()
+        kept = idle(source)
         return {"position": 0, "stages": {}, **({"source": kept} if kept else {})}
     position = progress.start + progress.delivered
     records = _recorded(stages, progress)

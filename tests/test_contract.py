@@ -48,6 +48,7 @@ NOT_FACTORIES = {
     "SharedList",
     "Source",  # the protocol the sources implement: every source case below is one
     "StageStats",  # what stats() returns: tests/test_stats.py
+    "Traits",  # what a Stage declares of itself besides its function: tests/test_stage.py
     "Shard",  # what shards() yields to a reader: tests/test_shards.py
     "ShardReadError",
     "StageStuckError",

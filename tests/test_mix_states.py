@@ -220,7 +220,9 @@ def test_a_tampered_mix_record_is_refused_or_resumes_exactly(
             fresh = _build(shape)
             try:
                 fresh.load_state_dict(_reseal({**copy.deepcopy(state), "source": record}))
-                fresh.source.check_pass(record, "state['source']", state["epoch"])
+                fresh.source.resume.check_pass(
+                    fresh.source, record, "state['source']", state["epoch"]
+                )
             except ValueError:
                 continue
             loaded += 1

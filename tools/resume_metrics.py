@@ -111,8 +111,9 @@ ISSUE_NAMES = (
 )
 FOUND_NAMES = ("identity", "restore", "snapshot", "reads_ahead", "history", "pass_epoch")
 #: The names the declared protocol (``state.Rule``, ``Record.begin``) added: a stage's rule,
-#: and how a record class begins a pass's record.
-PROTOCOL_NAMES = ("resume", "begin")
+#: how a record class begins a pass's record, and a recording source's rule's ``must_hold``
+#: (a state must hold its record) and ``idle`` (its record between passes).
+PROTOCOL_NAMES = ("resume", "begin", "must_hold", "idle")
 RESUME_NAMES = frozenset(ISSUE_NAMES + FOUND_NAMES + PROTOCOL_NAMES)
 
 CORE = (

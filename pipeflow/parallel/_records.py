@@ -237,6 +237,17 @@ class SourceRecord(Record):
 
     __slots__ = ("ended", "persistent", "restores", "start", "states", "turn", "workers")
 
+    @classmethod
+    def check(
+        cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """Refuse a record this class could not have made, or one from another number of
+        workers (:func:`check_source_record`); each worker's replica record is checked
+        against the loader it runs (:func:`_check_replicas`)."""
+        checked = check_source_record(source.config, record, consumed or 0, where)
+        _check_replicas(source.loader, checked, where)
+        return checked
+
     def __init__(self, settings: Settings, start: int, saved: dict[str, Any] | None) -> None:
         self.workers = settings.workers
         self.persistent = settings.persistent
@@ -288,10 +299,11 @@ class SourceRecord(Record):
         return {"workers": workers, "turn": 0}
 
 
-def check_source_record(settings: Settings, record: Any, position: int) -> dict[str, Any]:
+def check_source_record(
+    settings: Settings, record: Any, position: int, where: str = "state['source']"
+) -> dict[str, Any]:
     """Refuse a record a :class:`SourceRecord` could not have made, or one from another
     number of workers (each reads its own replica of the stream, split by worker)."""
-    where = "state['source']"
     record_keys(record, where, {"workers", "turn"}, set())
     workers = check_workers(record["workers"], f"{where}['workers']", None)
     if len(workers) != settings.workers:
@@ -320,6 +332,34 @@ def check_source_record(settings: Settings, record: Any, position: int) -> dict[
         raise ValueError(msg)
     check_worker_states(record, where)
     return dict(record)
+
+
+def _check_replicas(loader: Any, record: dict[str, Any], where: str) -> None:
+    """Each worker's replica record, checked as a state's records are checked against the
+    loader each worker runs (its form, each stage's record, the source's), and looked at
+    by the stages that can tell whether their data changed since
+    (:func:`pipeflow._state_check.check_pass_record`). A worker with no record reads its
+    count of items again: refused where the loader can't skip them without one."""
+    from pipeflow._state_check import check_pass_record
+
+    for w, worker in record["workers"].items():
+        place = f"{where}['workers'][{w!r}]"
+        replica = (worker["state"] or {}).get("replica")
+        if replica is not None:
+            check_pass_record(loader.source, loader.stages, replica, f"{place}['state']['replica']")
+            continue
+        if not worker["count"]:
+            continue
+        try:
+            check_pass_record(loader.source, loader.stages, {"position": worker["count"]}, place)
+        except ValueError as e:
+            why = str(e).removeprefix("load_state_dict: ")
+            msg = (
+                f"load_state_dict: {place}['state'] holds no record of where worker {w}'s "
+                f"replica stood, and its loader can't skip the {worker['count']} items it "
+                f"delivered without one ({why})"
+            )
+            raise ValueError(msg) from None
 
 
 def check_worker_states(record: dict[str, Any], where: str) -> None:

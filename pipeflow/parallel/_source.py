@@ -9,11 +9,12 @@ from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
 from pipeflow.loader import Loader, Source
-from pipeflow.parallel._records import SourceRecord, check_source_record
+from pipeflow.parallel._records import SourceRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._wire import PassNote
 from pipeflow.parallel._worker import SourceJob
+from pipeflow.state import Rule
 
 __all__ = ["parallel_source"]
 
@@ -22,16 +23,26 @@ _PASSES = itertools.count(1)  # each pass's key: a worker's replica starts a pas
 T = TypeVar("T")
 
 
+def _identity(source: _ParallelSource) -> list[str]:
+    """What a state compares: the loader each worker runs and the delivery order, not the
+    runtime knobs (the worker count is checked with the source's record)."""
+    from pipeflow.state import fingerprint
+
+    order = "" if source.config.ordered else ", ordered=False"
+    inner = " | ".join(fingerprint(source.loader.source, source.loader.stages))
+    return [f"parallel_source({inner}{order})"]
+
+
 class _ParallelSource(Source[Any]):
     name = "parallel_source"
     uses_hooks = True  # its persistent pool is kept by the loader, between passes
+    #: A resumed pass's workers each resume their replica where the record says; a state
+    #: that consumed some of its items holds each worker's count.
+    resume = Rule.recorded(SourceRecord, must_hold=True, identity=_identity)
 
     def __init__(self, loader: Loader[Any], config: Settings) -> None:
         self.loader = loader
         self.config = config
-
-    def seekable(self) -> bool:
-        return True  # a resumed pass's workers each resume their replica (SourceRecord)
 
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
         _even_batches(self.loader, self.config.workers, when_built=False)
@@ -46,17 +57,6 @@ class _ParallelSource(Source[Any]):
         if context.start and hooks.saved is None:  # no record: the items are read again
             return islice(it, context.start, None)
         return _naming_positions(it, record, self.loader)
-
-    def requires_record(self) -> bool:
-        """A state that consumed some of its items holds each worker's count."""
-        return True
-
-    def check_record(self, record: Any, position: int) -> dict[str, Any]:
-        """A :class:`~pipeflow.parallel._records.SourceRecord`'s, from as many workers; the
-        data each worker's replica stopped in must be as it was (a reader's shard)."""
-        checked = check_source_record(self.config, record, position)
-        _check_replicas(self.loader, checked)
-        return checked
 
     def describe(self) -> str:
         return self.config.describe("parallel_source", repr(self.loader))
@@ -74,15 +74,6 @@ class _ParallelSource(Source[Any]):
         if loader is self.loader and config is self.config:
             return self
         return _ParallelSource(loader, config)
-
-    def identity(self) -> str:
-        """What a state compares: the loader each worker runs and the delivery order, not
-        the runtime knobs (the worker count is checked with the source's record)."""
-        from pipeflow.state import fingerprint
-
-        order = "" if self.config.ordered else ", ordered=False"
-        inner = " | ".join(fingerprint(self.loader.source, self.loader.stages))
-        return f"parallel_source({inner}{order})"
 
 
 def _naming_positions(
@@ -140,34 +131,6 @@ def stream_position(loader: Loader[Any], replica: Any) -> str:
         at = f" at byte {record['offset']}" if "offset" in record else ""
         return f"{record['start']} samples of {name} (its sample {record['start']} next{at})"
     return ""
-
-
-def _check_replicas(loader: Loader[Any], record: dict[str, Any]) -> None:
-    """Each worker's replica record, checked as a state's records are checked against the
-    loader each worker runs (its form, each stage's record, the source's), and looked at
-    by the stages that can tell whether their data changed since
-    (:func:`pipeflow._state_check.check_pass_record`). A worker with no record reads its
-    count of items again: refused where the loader can't skip them without one."""
-    from pipeflow._state_check import check_pass_record
-
-    for w, worker in record["workers"].items():
-        place = f"state['source']['workers'][{w!r}]"
-        replica = (worker["state"] or {}).get("replica")
-        if replica is not None:
-            check_pass_record(loader.source, loader.stages, replica, f"{place}['state']['replica']")
-            continue
-        if not worker["count"]:
-            continue
-        try:
-            check_pass_record(loader.source, loader.stages, {"position": worker["count"]}, place)
-        except ValueError as e:
-            why = str(e).removeprefix("load_state_dict: ")
-            msg = (
-                f"load_state_dict: {place}['state'] holds no record of where worker {w}'s "
-                f"replica stood, and its loader can't skip the {worker['count']} items it "
-                f"delivered without one ({why})"
-            )
-            raise ValueError(msg) from None
 
 
 #: The stages that group items into batches: inside workers, each groups its own share.
