@@ -145,18 +145,6 @@ class Snapshots(Record):
         }
     )
 
-    @classmethod
-    def check(
-        cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
-    ) -> dict[str, Any]:
-        """As :meth:`Record.check`; and a record for a stateful object's source must hold
-        the state of its object or of its iterator."""
-        checked = super().check(source, record, where, consumed, total)
-        if is_stateful(source.obj) and checked["object"] is None and checked["iterator"] is None:
-            msg = f"load_state_dict: {where} holds no state of its object or iterator"
-            raise ValueError(msg)
-        return checked
-
     def __init__(
         self, obj: Any, it: Any, produced: int, history: bool, saved: dict[str, Any] | None
     ) -> None:

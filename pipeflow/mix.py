@@ -11,7 +11,7 @@ each loader exactly, reading nothing again.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pipeflow import _checks
@@ -21,13 +21,17 @@ from pipeflow._stage import Source
 from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
 from pipeflow.state import (
+    Each,
+    Form,
+    Int,
     Progress,
     Record,
     Rule,
+    Value,
+    conform,
+    flag,
     flat_index,
-    integer,
     light,
-    record_keys,
     through,
 )
 
@@ -74,8 +78,19 @@ class _Record(Record):
     def check(
         cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
     ) -> dict[str, Any]:
-        """See :func:`_check`: *consumed* is the mix's outputs the state's position took."""
-        return _check(source, record, where, consumed or 0)
+        """Refuse a record that :attr:`FORM` does not allow for *source* (a mix), or whose
+        loaders' pass records their loaders could not have made (:func:`_check_loaders`);
+        *consumed* is the mix's outputs the state's position took."""
+        mix: _Mix = source
+        bounds = {
+            "consumed": consumed or 0,
+            "n": len(mix.loaders),
+            "sizes": [_size(x) for x in mix.loaders],
+            "stop": mix.stop,
+        }
+        checked = conform(_FORM, record, where, bounds)
+        _check_loaders(mix, checked, where)
+        return dict(record)
 
     def __init__(self, source: _Mix, saved: dict[str, Any] | None, start: int) -> None:
         n = len(source.loaders)
@@ -185,91 +200,140 @@ def _pass_record(loader: Loader[Any], progress: Progress, count: int) -> dict[st
     return light(loader.source, loader.stages, view)
 
 
-def _check(mix: _Mix, record: Any, where: str, position: int) -> dict[str, Any]:
-    """A :class:`_Record`'s: a count, an end and a pass per loader, and each loader's
-    record (its own pass record: the position of its pass, its stages' records)."""
-    record_keys(record, where, {"counts", "ended", "cycles", "loaders"}, set())
-    n = len(mix.loaders)
-    for key in ("counts", "ended", "cycles", "loaders"):
-        value = record[key]
-        if not isinstance(value, list) or len(value) != n:
-            msg = f"load_state_dict: {where}[{key!r}] must be a list of {n} (got {value!r})"
-            raise ValueError(msg)
-    for i in range(n):
-        integer(record["counts"][i], f"{where}['counts'][{i}]")
-        integer(record["cycles"][i], f"{where}['cycles'][{i}]")
-        if not isinstance(record["ended"][i], bool):
-            raise ValueError(f"load_state_dict: {where}['ended'][{i}] must be a bool")
-        child = record["loaders"][i]
-        if child is None and not record["ended"][i]:  # where it stands is missing
-            msg = (
-                f"load_state_dict: {where}['loaders'][{i}] is None, but loader {i} has not "
-                f"ended ({where}['ended'][{i}] is False): its {record['counts'][i]} items "
-                "consumed would be read again"
-            )
-            raise ValueError(msg)
-        if child is not None and record["ended"][i]:
-            msg = (
-                f"load_state_dict: {where}['loaders'][{i}] holds where loader {i} stands, "
-                f"but {where}['ended'][{i}] says it ended (an ended loader's is None)"
-            )
-            raise ValueError(msg)
-        if child is not None:
-            loader = mix.loaders[i]
-            place = f"{where}['loaders'][{i}]"
-            checked = check_pass_record(loader.source, loader.stages, child, place)
-            if checked["position"] != record["counts"][i]:
-                msg = (
-                    f"load_state_dict: {place}['position'] is {checked['position']}, and "
-                    f"{where}['counts'][{i}] says {record['counts'][i]} of its items were "
-                    "consumed"
-                )
-                raise ValueError(msg)
-    # every output is one loader's, in its current pass or in one it ended (at least
-    # one output each: an empty loader is not started again); once every loader is out
-    # of play the position may lie past the last output (a batch after the mix counts
-    # its last, short batch as a full one)
-    made, ended_passes = sum(record["counts"]), sum(record["cycles"])
-    over = all(record["ended"])
-    if made + ended_passes > position or (made != position and not (ended_passes or over)):
-        msg = (
-            f"load_state_dict: {where} counts {made} items from its loaders' passes in "
-            f"play and {ended_passes} passes ended, and the position says {position} "
-            "items were consumed"
-        )
-        raise ValueError(msg)
-    _check_stop(mix, record, where)
-    return dict(record)
+def _first(k: Mapping[str, Any], bad: Callable[[Mapping[str, Any], int], bool]) -> int | None:
+    """The first loader *i* for which ``bad(k, i)`` holds, else ``None``."""
+    return next((i for i in range(k["n"]) if bad(k, i)), None)
 
 
-def _check_stop(mix: _Mix, record: dict[str, Any], where: str) -> None:
-    """Refuse counts, ends and passes that this mix's *stop* rule, and its loaders'
-    lengths where they are known, could not have made (a record with every loader
-    ended is the mix's end: any counts its passes allow)."""
-    counts, ended, cycles = record["counts"], record["ended"], record["cycles"]
-    over = all(ended)
+def _unsaid(k: Mapping[str, Any], i: int) -> bool:  # where loader i stands is missing
+    return k["loaders"][i] is None and not k["ended"][i]
 
-    def fail(why: str) -> ValueError:
-        return ValueError(f"load_state_dict: {where}: {why}, with stop={mix.stop!r}")
 
-    if mix.stop != "cycle" and any(cycles):
-        raise fail(f"{where}['cycles'] is {cycles}: no loader starts again")
-    if mix.stop == "first" and any(ended) and not over:
-        raise fail(f"{where}['ended'] is {ended}: the mix ends as the first loader runs out")
-    if mix.stop == "cycle" and not over:
-        for i in range(len(counts)):
-            if ended[i] and (counts[i] or cycles[i]):
-                raise fail(f"loader {i} ended: only an empty loader leaves the mix")
-    for i, loader in enumerate(mix.loaders):
-        try:
-            size = len(loader)
-        except TypeError:  # only known by running it
+def _said_ended(k: Mapping[str, Any], i: int) -> bool:  # an ended loader's is None
+    return k["loaders"][i] is not None and k["ended"][i]
+
+
+def _overcounted(k: Mapping[str, Any]) -> bool:
+    """Every output is one loader's, in its current pass or in one it ended (at least one
+    output each: an empty loader is not started again); once every loader is out of play the
+    position may lie past the last output (a batch after the mix counts its last, short batch
+    as a full one)."""
+    made, ended_passes, position = sum(k["counts"]), sum(k["cycles"]), k["consumed"]
+    return made + ended_passes > position or (
+        made != position and not (ended_passes or all(k["ended"]))
+    )
+
+
+def _left_early(k: Mapping[str, Any], i: int) -> bool:  # "cycle": only an empty one leaves
+    return bool(k["ended"][i] and (k["counts"][i] or k["cycles"][i]) and not all(k["ended"]))
+
+
+def _sized_wrong(k: Mapping[str, Any], i: int) -> bool:
+    size, ended, count = k["sizes"][i], k["ended"][i], k["counts"][i]
+    if size is None:  # only known by running it
+        return False
+    if k["stop"] == "cycle" and ended and size and not all(k["ended"]):
+        return True  # an ended loader in a cycle is an empty one
+    return bool(count > size or (k["stop"] == "all" and ended and count != size))
+
+
+def _sized_says(k: Mapping[str, Any]) -> str:
+    i = _first(k, _sized_wrong)
+    assert i is not None
+    size, count = k["sizes"][i], k["counts"][i]
+    if k["stop"] == "cycle" and k["ended"][i] and size and not all(k["ended"]):
+        why = f"loader {i} ended, and it is not empty ({size} items per pass)"
+    else:
+        why = f"loader {i} has {size} items per pass, and "
+        why += f"{'ended after' if k['ended'][i] else 'gave'} {count}"
+    return f"{k['where']}: {why}, with stop={k['stop']!r}"
+
+
+#: A mix's record: per loader, the count of its current pass's items consumed, whether it
+#: ended, how many passes of it ended (``"cycle"``), and where its pass stands (its own pass
+#: record, ``None`` once it ended); they add up to the mix's position, and agree with the
+#: mix's *stop* rule and its loaders' lengths where known (a record with every loader ended is
+#: the mix's end: any counts its passes allow). Checked with the bounds ``n`` (how
+#: many loaders), ``sizes`` (each one's length, ``None`` where unknown) and ``stop``.
+_FORM = Form(
+    {
+        "counts": Each(Int(0), "n"),
+        "ended": Each(Value(flag), "n"),
+        "cycles": Each(Int(0), "n"),
+        "loaders": Each(Value(), "n"),
+    },
+    invariants=(
+        (
+            lambda k: _first(k, _unsaid) is None,
+            lambda k: (
+                f"{k['where']}['loaders'][{(i := _first(k, _unsaid))}] is None, but loader "
+                f"{i} has not ended ({k['where']}['ended'][{i}] is False): its "
+                f"{k['counts'][i]} items consumed would be read again"
+            ),
+        ),
+        (
+            lambda k: _first(k, _said_ended) is None,
+            lambda k: (
+                f"{k['where']}['loaders'][{(i := _first(k, _said_ended))}] holds where loader "
+                f"{i} stands, but {k['where']}['ended'][{i}] says it ended (an ended loader's "
+                "is None)"
+            ),
+        ),
+        (
+            lambda k: not _overcounted(k),
+            lambda k: (
+                f"{k['where']} counts {sum(k['counts'])} items from its loaders' passes in "
+                f"play and {sum(k['cycles'])} passes ended, and the position says "
+                f"{k['consumed']} items were consumed"
+            ),
+        ),
+        (
+            lambda k: k["stop"] == "cycle" or not any(k["cycles"]),
+            lambda k: (
+                f"{k['where']}: {k['where']}['cycles'] is {k['cycles']}: no loader starts "
+                f"again, with stop={k['stop']!r}"
+            ),
+        ),
+        (
+            lambda k: k["stop"] != "first" or not any(k["ended"]) or all(k["ended"]),
+            lambda k: (
+                f"{k['where']}: {k['where']}['ended'] is {k['ended']}: the mix ends as the "
+                f"first loader runs out, with stop={k['stop']!r}"
+            ),
+        ),
+        (
+            lambda k: k["stop"] != "cycle" or _first(k, _left_early) is None,
+            lambda k: (
+                f"{k['where']}: loader {_first(k, _left_early)} ended: only an empty loader "
+                f"leaves the mix, with stop={k['stop']!r}"
+            ),
+        ),
+        (lambda k: _first(k, _sized_wrong) is None, _sized_says),
+    ),
+)
+
+
+def _check_loaders(mix: _Mix, record: dict[str, Any], where: str) -> None:
+    """Refuse a (conformed) record whose loaders' pass records their loaders could not have
+    made, or whose positions are not the counts of their items consumed."""
+    for i, child in enumerate(record["loaders"]):
+        if child is None:
             continue
-        if mix.stop == "cycle" and ended[i] and size and not over:
-            raise fail(f"loader {i} ended, and it is not empty ({size} items per pass)")
-        if counts[i] > size or (mix.stop == "all" and ended[i] and counts[i] != size):
-            why = "ended after" if ended[i] else "gave"
-            raise fail(f"loader {i} has {size} items per pass, and {why} {counts[i]}")
+        loader, place = mix.loaders[i], f"{where}['loaders'][{i}]"
+        checked = check_pass_record(loader.source, loader.stages, child, place)
+        if checked["position"] != record["counts"][i]:
+            msg = (
+                f"load_state_dict: {place}['position'] is {checked['position']}, and "
+                f"{where}['counts'][{i}] says {record['counts'][i]} of its items were consumed"
+            )
+            raise ValueError(msg)
+
+
+def _size(loader: Loader[Any]) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # only known by running it
+        return None
 
 
 def _check_pass(mix: _Mix, record: dict[str, Any], where: str, epoch: int) -> None:

@@ -120,6 +120,24 @@ def _length_or_index(value: Any) -> int | None:
         return None
 
 
+class _ObjectSnapshots(Snapshots):
+    """A source's snapshots of the user's object and its iterator (see :class:`Snapshots`)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def check(
+        cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
+    ) -> dict[str, Any]:
+        """As :meth:`Record.check`; and a record for a stateful object's source must hold
+        the state of its object or of its iterator."""
+        checked = super().check(source, record, where, consumed, total)
+        if is_stateful(source.obj) and checked["object"] is None and checked["iterator"] is None:
+            msg = f"load_state_dict: {where} holds no state of its object or iterator"
+            raise ValueError(msg)
+        return checked
+
+
 def _holds_state(source: _Restoring) -> bool:
     """Whether a state that consumed some of *source*'s items must hold its record."""
     return is_stateful(source.obj)
@@ -140,7 +158,7 @@ class _Restoring(Source[Any]):
 
     uses_hooks = True  # the loader hands it what a resumed pass starts from, and its record
     #: It reads up to ``context.start`` itself (from a snapshot, when saved).
-    resume = Rule.recorded(Snapshots, must_hold=_holds_state, idle=_between_passes)
+    resume = Rule.recorded(_ObjectSnapshots, must_hold=_holds_state, idle=_between_passes)
 
     def __init__(self, obj: Any) -> None:
         self.obj = obj
@@ -154,18 +172,20 @@ class _Restoring(Source[Any]):
         if saved is not None and hooks is not None and saved.get("early"):  # between passes:
             saved = {**saved, "early": False}  # restored now, before the pass draws anything
             it: Iterator[Any] = restore(self.obj, saved)
-            snaps = Snapshots(self.obj, it, 0, hooks.history, None)
+            snaps = _ObjectSnapshots(self.obj, it, 0, hooks.history, None)
             hooks.record = snaps
             return snaps.tracking(it, context.start)
         if saved is not None and hooks is not None:
             skip = max(context.start - saved["at"], 0)  # what the snapshot does not cover
-            snaps = Snapshots(self.obj, None, min(saved["at"], context.start), hooks.history, saved)
+            snaps = _ObjectSnapshots(
+                self.obj, None, min(saved["at"], context.start), hooks.history, saved
+            )
             hooks.record = snaps
             return snaps.opened(lambda: restore(self.obj, saved), skip)
         it = iter(self.obj)
         if hooks is None or not (is_stateful(self.obj) or is_stateful(it)):
             return islice(it, context.start, None) if context.start else it
-        snaps = Snapshots(self.obj, it, 0, hooks.history, None)
+        snaps = _ObjectSnapshots(self.obj, it, 0, hooks.history, None)
         hooks.record = snaps
         return snaps.tracking(it, context.start)
 

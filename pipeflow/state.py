@@ -76,9 +76,12 @@ from pipeflow._seeds import MASK, replaced, slots
 __all__ = [
     "READS",
     "VERSION",
+    "ByWorker",
+    "Each",
     "Form",
     "Int",
     "Kept",
+    "Nested",
     "Plan",
     "Progress",
     "Record",
@@ -135,6 +138,37 @@ class Value:
     required: bool = False
 
 
+@dataclass(frozen=True)
+class Each:
+    """A field of a record: a list of *length* values (a number, or a bound's name, as for
+    :class:`Int`; ``None``: any), each as *item* declares."""
+
+    item: Int | Value | Nested
+    length: int | str | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Nested:
+    """A field of a record that is a record itself, as *form* declares (checked with the same
+    bounds); ``None`` too when *nullable*."""
+
+    form: Form
+    nullable: bool = False
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ByWorker:
+    """A field of a record: a dict keyed by worker ids (``"0"``, ``"1"``...), each value as
+    *form* declares (checked with the same bounds, and ``"worker"``: its id); an id at or
+    above the bound *below* (a bound's name; ``None``: any) is refused."""
+
+    form: Form
+    below: str | None = None
+    optional: bool = False
+
+
 #: An invariant between a record's fields and the validator's bounds: ``(holds, says)``,
 #: two functions of the mapping of both (and ``"where"``): whether it holds, and what a
 #: refusal says when it does not.
@@ -163,7 +197,7 @@ class Form:
         ValueError: load_state_dict: r['inputs'] must be between 0 and 10 (got 12)
     """
 
-    fields: Mapping[str, Int | Rising | Value]
+    fields: Mapping[str, Int | Rising | Value | Each | Nested | ByWorker]
     invariants: tuple[Invariant, ...] = ()
     keep: tuple[str, ...] | None = None
 
@@ -177,24 +211,52 @@ def conform(form: Form, record: Any, where: str, bounds: Mapping[str, Any]) -> d
     known: dict[str, Any] = {**bounds, "where": where}
     out: dict[str, Any] = {}
     for key, field in form.fields.items():
-        if key not in record:
-            continue
-        place, value = f"{where}[{key!r}]", record[key]
-        if isinstance(field, Int):
-            low = _bound(field.low, known)
-            value = integer(value, place, 0 if low is None else low, _bound(field.high, known))
-        elif isinstance(field, Rising):
-            value = _rising(value, place, known[field.above], _bound(field.below, known))
-        else:
-            if field.required and value is None:
-                raise ValueError(f"load_state_dict: {place} is missing")
-            if field.check is not None:
-                field.check(value, place)
-        known[key] = out[key] = value
+        if key in record:
+            known[key] = out[key] = _field(field, record[key], f"{where}[{key!r}]", known)
     for holds, says in form.invariants:
         if not holds(known):
             raise ValueError(f"load_state_dict: {says(known)}")
     return out if form.keep is None else {k: out[k] for k in form.keep if k in out}
+
+
+def _field(field: Any, value: Any, place: str, known: Mapping[str, Any]) -> Any:
+    """*value* as *field* declares it (see :func:`conform`)."""
+    bounds = {k: v for k, v in known.items() if k != "where"}
+    if isinstance(field, Int):
+        low = _bound(field.low, known)
+        return integer(value, place, 0 if low is None else low, _bound(field.high, known))
+    if isinstance(field, Rising):
+        return _rising(value, place, known[field.above], _bound(field.below, known))
+    if isinstance(field, Each):
+        n = _bound(field.length, known)
+        if not isinstance(value, list) or (n is not None and len(value) != n):
+            size = "a list" if n is None else f"a list of {n}"
+            raise ValueError(f"load_state_dict: {place} must be {size} (got {value!r})")
+        return [_field(field.item, x, f"{place}[{i}]", known) for i, x in enumerate(value)]
+    if isinstance(field, Nested):
+        if value is None and field.nullable:
+            return None
+        return conform(field.form, value, place, bounds)
+    if isinstance(field, ByWorker):
+        return _by_worker(field, value, place, bounds)
+    if field.required and value is None:
+        raise ValueError(f"load_state_dict: {place} is missing")
+    if field.check is not None:
+        field.check(value, place)
+    return value
+
+
+def _by_worker(field: ByWorker, value: Any, place: str, bounds: dict[str, Any]) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError(f"load_state_dict: {place} must be a dict (got {type(value).__name__})")
+    below = _bound(field.below, bounds)
+    for key, entry in value.items():
+        wid = int(key) if isinstance(key, str) and key.isdigit() else None
+        if wid is None or (below is not None and wid >= below):
+            msg = f"load_state_dict: {place} names a worker {key!r} that does not exist"
+            raise ValueError(msg)
+        conform(field.form, entry, f"{place}[{key!r}]", {**bounds, "worker": wid})
+    return value
 
 
 def flag(value: Any, where: str) -> None:
@@ -610,7 +672,8 @@ def plan(stages: Sequence[Any], resume: dict[str, Any]) -> Plan:
 def integer(value: Any, where: str, low: int = 0, high: int | None = None) -> int:
     """*value* as an int in ``[low, high]``, else a ``ValueError`` naming *where*."""
     if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{where} must be an integer (got {value!r})"
+        kind = "an integer" if high is None else f"an integer between {low} and {high}"
+        msg = f"{where} must be {kind} (got {value!r})"
         raise ValueError(f"load_state_dict: {msg}")
     if value < low or (high is not None and value > high):
         bound = f"at least {low}" if high is None else f"between {low} and {high}"

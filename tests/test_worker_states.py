@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -137,10 +138,8 @@ def test_a_bad_replica_position_is_refused_at_load(value: Any) -> None:
         loader.load_state_dict(_resealed(state))
     text = str(info.value)
     count = state["source"]["workers"]["1"]["count"]
-    assert text.startswith(
-        "load_state_dict: state['source']['workers']['1']['state']['replica']['position'] "
-        f"must be an integer between 0 and {count}"
-    ), text
+    where = "load_state_dict: state['source']['workers']['1']['state']['replica']['position']"
+    assert re.match(rf"{re.escape(where)} must be (an integer )?between 0 and {count}\b", text)
     assert f"got {value!r}" in text
     loader.close()
 

@@ -12,20 +12,32 @@ is checked before a resumed pass gets it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pipeflow._context import Context
 from pipeflow._state_check import check_workers, same_workers
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._states import MapStates, WorkerStates
-from pipeflow.state import Delivery, Record, check_inputs, conform, integer, record_keys
+from pipeflow.state import (
+    ByWorker,
+    Delivery,
+    Form,
+    Int,
+    Nested,
+    Record,
+    Value,
+    check_inputs,
+    conform,
+    flag,
+    record_keys,
+)
 
 __all__ = [
     "MapRecord",
     "SourceRecord",
     "check_map_record",
     "check_rngs",
-    "check_source_record",
 ]
 
 
@@ -229,11 +241,121 @@ def check_map_record(
     return out
 
 
+def _counts(k: Mapping[str, Any]) -> list[int]:
+    return [k["workers"][w]["count"] for w in sorted(k["workers"], key=int)]
+
+
+def _in_turns(k: Mapping[str, Any]) -> bool:
+    """Workers taking turns in order deal their items in rounds: the first ``turn`` of them
+    have one more (unless one ran out)."""
+    counts, turn = _counts(k), k["turn"]
+    if not k["ordered"] or not counts or any(w["ended"] for w in k["workers"].values()):
+        return True
+    low = min(counts)
+    return counts == [low + 1] * turn + [low] * (len(counts) - turn)
+
+
+#: The ``replica`` of a ``parallel_source`` worker's state: where the loader it runs stood
+#: (:meth:`~pipeflow.Loader.pass_record`; its stages' and source's records are that loader's
+#: to check: :func:`_check_replicas`).
+_REPLICA = Form(
+    {"position": Int(0, "count"), "stages": Value(optional=True), "source": Value(optional=True)}
+)
+
+
+def _replica_at(k: Mapping[str, Any]) -> int | None:
+    replica = (k["state"] or {}).get("replica")
+    return None if replica is None else int(replica["position"])
+
+
+#: One ``parallel_source`` worker's entry: its count of items delivered, whether its stream
+#: ran out, and its state (``None``: its replica reads its count of items again): its
+#: replica's record and its global generators (:func:`check_rngs`). A replica stands at the
+#: worker's count; one that ran out at 0, the start of its next pass, with no stage records.
+_SOURCE_WORKER = Form(
+    {
+        "count": Int(0),
+        "ended": Value(flag),
+        "state": Nested(
+            Form(
+                {
+                    "replica": Nested(_REPLICA, nullable=True, optional=True),
+                    "rng": Value(lambda v, where: check_rngs(v, where), optional=True),
+                }
+            ),
+            nullable=True,
+        ),
+    },
+    invariants=(
+        (
+            lambda k: (
+                not k["ended"]
+                or _replica_at(k) is None
+                or (_replica_at(k) == 0 and not k["state"]["replica"].get("stages"))
+            ),
+            lambda k: (
+                f"{k['where']}['state']['replica'] says worker {k['worker']}'s stream "
+                f"stands at its item {_replica_at(k)}, but {k['where']}['ended'] says it ran out: "
+                "a worker that ran out starts its next pass afresh (position 0, no stage records)"
+            ),
+        ),
+        (
+            lambda k: k["ended"] or _replica_at(k) in (None, k["count"]),
+            lambda k: (
+                f"{k['where']}['state']['replica']['position'] is {_replica_at(k)}, but "
+                f"{k['where']}['count'] says worker {k['worker']} delivered {k['count']} "
+                f"items: its replica would resume at its item {_replica_at(k)} and deliver "
+                f"{k['count'] - (_replica_at(k) or 0)} of them again"
+            ),
+        ),
+    ),
+)
+
+
 class SourceRecord(Record):
     """A ``parallel_source``'s record of one pass (see the module's text)."""
 
     #: A source delivers in the round-robin's order: no numbers to note.
     order: list[int] | None = None
+
+    #: Each worker's entry (as many as this source has: each reads its own replica of the
+    #: stream, split by ``get_worker_info()``, so the rest of the epoch depends on their
+    #: number), and whose turn is next; their counts add up to the source's items consumed.
+    FORM = Form(
+        {"workers": ByWorker(_SOURCE_WORKER), "turn": Int(0)},
+        invariants=(
+            (
+                lambda k: len(k["workers"]) == k["here"],
+                lambda k: (
+                    f"the state is from a parallel_source with {len(k['workers'])} "
+                    f"workers, and this one has {k['here']}: each worker reads its own replica "
+                    "of the stream (split by get_worker_info()), so the rest of the epoch depends "
+                    f"on the worker count; resume with {len(k['workers'])} workers"
+                ),
+            ),
+            (
+                lambda k: k["turn"] <= max(k["here"] - 1, 0),
+                lambda k: (
+                    f"{k['where']}['turn'] must be between 0 and {max(k['here'] - 1, 0)} "
+                    f"(got {k['turn']})"
+                ),
+            ),
+            (
+                _in_turns,
+                lambda k: (
+                    f"{k['where']}: counts {_counts(k)} and turn {k['turn']} can't come "
+                    "from workers taking turns"
+                ),
+            ),
+            (
+                lambda k: sum(_counts(k)) == k["consumed"],
+                lambda k: (
+                    f"{k['where']} counts {sum(_counts(k))} items delivered by its "
+                    f"workers, but the state's position stands for {k['consumed']}"
+                ),
+            ),
+        ),
+    )
 
     __slots__ = ("ended", "persistent", "restores", "start", "states", "turn", "workers")
 
@@ -241,12 +363,15 @@ class SourceRecord(Record):
     def check(
         cls, source: Any, record: Any, where: str, consumed: int | None, total: int | None
     ) -> dict[str, Any]:
-        """Refuse a record this class could not have made, or one from another number of
-        workers (:func:`check_source_record`); each worker's replica record is checked
-        against the loader it runs (:func:`_check_replicas`)."""
-        checked = check_source_record(source.config, record, consumed or 0, where)
+        """Refuse a record this class could not have made (its :attr:`FORM`), or one from
+        another number of workers (each reads its own replica of the stream, split by
+        worker); each worker's replica record is checked against the loader it runs
+        (:func:`_check_replicas`)."""
+        settings: Settings = source.config
+        here = {"consumed": consumed or 0, "here": settings.workers, "ordered": settings.ordered}
+        checked = conform(cls.FORM, record, where, here)
         _check_replicas(source.loader, checked, where)
-        return checked
+        return dict(record)
 
     def __init__(self, settings: Settings, start: int, saved: dict[str, Any] | None) -> None:
         self.workers = settings.workers
@@ -299,41 +424,6 @@ class SourceRecord(Record):
         return {"workers": workers, "turn": 0}
 
 
-def check_source_record(
-    settings: Settings, record: Any, position: int, where: str = "state['source']"
-) -> dict[str, Any]:
-    """Refuse a record a :class:`SourceRecord` could not have made, or one from another
-    number of workers (each reads its own replica of the stream, split by worker)."""
-    record_keys(record, where, {"workers", "turn"}, set())
-    workers = check_workers(record["workers"], f"{where}['workers']", None)
-    if len(workers) != settings.workers:
-        msg = (
-            f"load_state_dict: the state is from a parallel_source with {len(workers)} "
-            f"workers, and this one has {settings.workers}: each worker reads its own replica "
-            "of the stream (split by get_worker_info()), so the rest of the epoch depends on "
-            f"the worker count; resume with {len(workers)} workers"
-        )
-        raise ValueError(msg)
-    turn = integer(record["turn"], f"{where}['turn']", 0, max(settings.workers - 1, 0))
-    counts = [workers[w]["count"] for w in sorted(workers)]
-    if settings.ordered and not any(w["ended"] for w in workers.values()) and counts:
-        low = min(counts)  # dealt in rounds: the first `turn` workers have one more
-        if counts != [low + 1] * turn + [low] * (len(counts) - turn):
-            msg = (
-                f"load_state_dict: {where}: counts {counts} and turn {turn} can't come from "
-                "workers taking turns"
-            )
-            raise ValueError(msg)
-    if sum(w["count"] for w in workers.values()) != position:
-        msg = (
-            f"load_state_dict: {where} counts {sum(w['count'] for w in workers.values())} "
-            f"items delivered by its workers, but the state's position stands for {position}"
-        )
-        raise ValueError(msg)
-    check_worker_states(record, where)
-    return dict(record)
-
-
 def _check_replicas(loader: Any, record: dict[str, Any], where: str) -> None:
     """Each worker's replica record, checked as a state's records are checked against the
     loader each worker runs (its form, each stage's record, the source's), and looked at
@@ -360,54 +450,6 @@ def _check_replicas(loader: Any, record: dict[str, Any], where: str) -> None:
                 f"delivered without one ({why})"
             )
             raise ValueError(msg) from None
-
-
-def check_worker_states(record: dict[str, Any], where: str) -> None:
-    """Refuse what a ``parallel_source`` worker's state holds that its worker could not
-    restore (checked :func:`check_source_record`'s *record*): the state is ``{"replica":
-    ..., "rng": ...}``, its replica's position the worker's count (a worker that ran out:
-    0, the start of its next pass). The replica's records are the loader's to check
-    (:func:`pipeflow._state_check.check_pass_record`)."""
-    for w, worker in record["workers"].items():
-        state = worker["state"]
-        if state is None:  # the replica reads its count of items again
-            continue
-        place = f"{where}['workers'][{w!r}]"
-        record_keys(state, f"{place}['state']", set(), {"replica", "rng"})
-        if "rng" in state:
-            check_rngs(state["rng"], f"{place}['state']['rng']")
-        replica = state.get("replica")
-        if replica is None:
-            continue
-        at = f"{place}['state']['replica']"
-        record_keys(replica, at, {"position"}, {"stages", "source"})
-        count, position = worker["count"], replica["position"]
-        if worker["ended"]:
-            if position != 0 or replica.get("stages"):
-                msg = (
-                    f"load_state_dict: {at} says worker {w}'s stream stands at its item "
-                    f"{position!r}, but {place}['ended'] says it ran out: a worker that ran "
-                    "out starts its next pass afresh (position 0, no stage records)"
-                )
-                raise ValueError(msg)
-            continue
-        if (
-            isinstance(position, bool)
-            or not isinstance(position, int)
-            or not 0 <= position <= count
-        ):
-            msg = (
-                f"load_state_dict: {at}['position'] must be an integer between 0 and {count} "
-                f"(worker {w}'s count of items delivered, {place}['count']; got {position!r})"
-            )
-            raise ValueError(msg)
-        if position != count:
-            msg = (
-                f"load_state_dict: {at}['position'] is {position}, but {place}['count'] says "
-                f"worker {w} delivered {count} items: its replica would resume at its item "
-                f"{position} and deliver {count - position} of them again"
-            )
-            raise ValueError(msg)
 
 
 def check_rngs(saved: Any, where: str) -> None:
