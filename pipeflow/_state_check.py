@@ -45,6 +45,7 @@ from pipeflow.state import (
 __all__ = [
     "Loaded",
     "check",
+    "check_loader",
     "check_pass_record",
     "check_record",
     "check_workers",
@@ -100,6 +101,19 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
         )
         raise _fail(msg)
     return Loaded(state["epoch"], resume, adopted)
+
+
+def length(loader: Any) -> int | None:
+    """*loader*'s outputs per epoch, or ``None`` when it has no length."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def check_loader(loader: Any, state: Any) -> Loaded:
+    """*state* checked against *loader*'s pipeline (see :func:`check`); nothing changes."""
+    return check(loader.source, loader.stages, length(loader), state)
 
 
 def check_pass_record(

@@ -35,6 +35,7 @@ from pipeflow._facade import (
 )
 from pipeflow._hints import checked_keywords
 from pipeflow._stage import Stage
+from pipeflow._state_check import check_loader
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import _accelerator, pin_memory
@@ -149,6 +150,7 @@ class DataLoader(tud.DataLoader[T_co]):
         self._pf_drawn = False
         self._pf_base_seed: int | None = None  # the workers' base seed, drawn at a pass start
         self._pf_rng_at_start: dict[str, Any] | None = None
+        self._pf_pass_epoch: int | None = None  # the epoch of the pass last started
         self._pf_pass_draws = True  # the pass in progress drew its workers' base seed
         self._pf_key: tuple[Any, ...] | None = None
         self._pf_loader: Loader[Any] | None = None
@@ -283,6 +285,7 @@ class DataLoader(tud.DataLoader[T_co]):
         if isinstance(self.dataset, (tud.IterDataPipe, tud.MapDataPipe)):
             self._prepare_datapipe()
         it = self.pipeline().start(base_seed=self._pf_base_seed if reuse else draw)
+        self._pf_pass_epoch = self.pipeline().epoch  # the pass state_dict() may stand in
         if not reuse:
             draw()
             self._pf_drawn = True
@@ -342,13 +345,11 @@ class DataLoader(tud.DataLoader[T_co]):
         order), and persistent workers' base seed. It is JSON-serialisable when the user's
         objects' states are. Map-style datasets resume across worker counts.
         """
-        loader = self.pipeline()
-        running = loader.pass_epoch
-        position = loader.state_dict()
+        position = self.pipeline().state_dict()
         # Mid-pass, the resumed pass must draw what this pass drew: the generators as they
-        # were when the pass began. Between passes (the end of one is the start of the next),
-        # as they are now.
-        in_pass = running is not None and position["epoch"] == running
+        # were when the pass began. Between passes (the end of one is the start of the next:
+        # the state is the next epoch's), as they are now.
+        in_pass = position["epoch"] == self._pf_pass_epoch
         if in_pass and self._pf_rng_at_start is not None:  # the pass re-draws what it drew
             gens, draws = self._pf_rng_at_start, self._pf_pass_draws
         else:  # the next pass draws its workers' base seed unless it reuses persistent ones
@@ -378,9 +379,9 @@ class DataLoader(tud.DataLoader[T_co]):
         """
         gens, base_seed, draws = _facade_state.check(self, state)
         loader = self.pipeline()
-        loaded = loader.check_state(state["loader"])
+        check_loader(loader, state["loader"])  # refused in its own words before the digest's
         _facade_state.check_digest(state)
-        loader.apply_state(loaded)
+        loader.load_state_dict(state["loader"])
         _facade_state.set_generators(self, gens)
         self._pf_rng_at_start = None
         self._pf_base_seed = base_seed

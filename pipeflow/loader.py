@@ -17,7 +17,7 @@ from pipeflow._plan import PassPlan, plan
 from pipeflow._random import DrawnSeed
 from pipeflow._seeds import Seeded, replaced, slots
 from pipeflow._stage import Source, Stage, or_stranger
-from pipeflow._state_check import Loaded, check
+from pipeflow._state_check import Loaded, check_loader, length
 from pipeflow.state import Progress, flat_index, light, reread_after_unordered, take
 from pipeflow.stats import LoaderRecord, Stats
 
@@ -277,7 +277,7 @@ class Loader(Seeded, Generic[Out]):
         return take(
             self._source,
             self._stages,
-            self._length(),
+            length(self),
             self._progress,
             (self._next_epoch, self._next),
         )
@@ -294,20 +294,10 @@ class Loader(Seeded, Generic[Out]):
                 source length, stage list, batch size, seed the user gave...), naming the key
                 or the setting.
         """
-        self.apply_state(self.check_state(state))
+        self._apply(check_loader(self, state))
 
-    def check_state(self, state: Any) -> Loaded:
-        """*state*, checked against this loader (the first half of :meth:`load_state_dict`;
-        nothing changes): what :meth:`apply_state` then applies.
-
-        Raises:
-            ValueError: as :meth:`load_state_dict`.
-        """
-        return check(self._source, self._stages, self._length(), state)
-
-    def apply_state(self, loaded: Loaded) -> None:
-        """Apply a state :meth:`check_state` checked (the second half of
-        :meth:`load_state_dict`)."""
+    def _apply(self, loaded: Loaded) -> None:
+        """Apply a checked state (the second half of :meth:`load_state_dict`)."""
         self._adopt(loaded.seeds)
         # Workers kept between passes hold what ran before (their generators, their copies
         # of the dataset): the resumed pass starts new ones, restored from the state.
@@ -349,20 +339,6 @@ class Loader(Seeded, Generic[Out]):
         if record.get("source") is not None:
             self._next["source"] = record["source"]
         self._next_epoch = epoch
-
-    def _length(self) -> int | None:
-        try:
-            return len(self)
-        except TypeError:
-            return None
-
-    @property
-    def pass_epoch(self) -> int | None:
-        """The epoch of the pass in progress: started, not run to its end, and not
-        superseded (by :meth:`set_epoch`, :meth:`load_state_dict` or a newer pass); ``None``
-        between passes."""
-        p = self._progress
-        return None if p is None or p.done or p.superseded else p.epoch
 
     # -- resources --------------------------------------------------------------------------
     @property
