@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeflow._context import Context
     from pipeflow._decorate import stage
-    from pipeflow._objects import Stateful
     from pipeflow._stage import Source, Stage, Traits
     from pipeflow.batch import batch, unbatch
     from pipeflow.bucket import bucket
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from pipeflow.parallel._warm import set_warm_start
     from pipeflow.progress import progress
     from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
+    from pipeflow.resume._objects import Stateful
     from pipeflow.shards import Shard, shards
     from pipeflow.shared import SharedList, shared_list
     from pipeflow.shuffle import shuffle
@@ -130,7 +130,7 @@ _WHERE = {
     "Stage": "pipeflow._stage",
     "StageStats": "pipeflow.stats",
     "StageStuckError": "pipeflow.errors",
-    "Stateful": "pipeflow._objects",
+    "Stateful": "pipeflow.resume._objects",
     "StatefulDataLoader": "pipeflow.stateful_dataloader",
     "Stats": "pipeflow.stats",
     "Traits": "pipeflow._stage",

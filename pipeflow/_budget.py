@@ -1,6 +1,6 @@
 """``batch(max_tokens=..., length=...)``: batches whose padded size stays within a token budget.
 
-Two ways to cut them, both resumable at a restart point (:mod:`pipeflow._restarts`):
+Two ways to cut them, both resumable at a restart point (:mod:`pipeflow.resume._restarts`):
 
 - in arrival order (``window=None``): a batch ends where the next item would take its
   padded size over the budget; every batch boundary is a restart point;
@@ -20,8 +20,8 @@ from typing import Any
 from pipeflow import _checks, _lengths
 from pipeflow._context import Context
 from pipeflow._random import TOKEN_BATCH, check_seed, derive, fresh_seed
-from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
+from pipeflow.resume._restarts import RESTARTS, Clean, restarting
 
 __all__ = ["budget_batch"]
 

@@ -21,7 +21,7 @@ from pipeflow._plan import Computed, PassPlan
 from pipeflow._stage import context_after
 from pipeflow._wrappers import Meter, Pass, Route, close_all, cut, guarded, remembering
 from pipeflow.errors import annotate
-from pipeflow.state import Plan, Progress, plan, through
+from pipeflow.resume.state import Plan, Progress, plan, through
 
 __all__ = ["run"]
 

@@ -70,7 +70,7 @@ class Hooks:
             ``None``.
         history: a later stage reads ahead of the consumer (a parallel stage, a prefetching
             thread): a producer of items keeps a snapshot of its stateful objects after each
-            item (see :mod:`pipeflow._objects`).
+            item (see :mod:`pipeflow.resume._objects`).
     """
 
     __slots__ = ("history", "record", "resources", "resume", "saved", "stats")

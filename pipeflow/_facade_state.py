@@ -12,7 +12,7 @@ A DataLoader's state is its pipeline's state (:meth:`pipeflow.Loader.state_dict`
   ``"draws_base_seed"``: whether the next pass draws one (as the pass it resumes did: its
   draws from the generators are then the same as the uninterrupted run's);
 - ``"digest"``: binds the generators and the base seed to the pipeline's state (its epoch,
-  position and digests, see :mod:`pipeflow._seal`): a generator state changed after
+  position and digests, see :mod:`pipeflow.resume._seal`): a generator state changed after
   ``state_dict()`` gave it, or taken from another state, would draw another order, and is
   refused.
 
@@ -30,9 +30,9 @@ import torch.utils.data as tud
 from torch.utils.data.dataloader import _DatasetKind
 
 from pipeflow._samplers import describe_sampler
-from pipeflow._seal import digest
 from pipeflow._stage import _short
-from pipeflow.state import integer, record_keys
+from pipeflow.resume._seal import digest
+from pipeflow.resume.state import integer, record_keys
 
 __all__ = [
     "VERSION",

@@ -30,7 +30,7 @@ from typing import Any
 from pipeflow._context import Context
 from pipeflow._permutation import Permutation
 from pipeflow._stage import Source, Stage, computed
-from pipeflow.state import Rule
+from pipeflow.resume.state import Rule
 
 __all__ = ["Batches", "Computed", "PassPlan", "Positions", "plan"]
 

@@ -16,8 +16,8 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._context import Context, Hooks
 from pipeflow._hints import not_iterable, operand_error, pipeflow_kind
-from pipeflow._seeds import Seeded, config_slots, config_with_seeds
-from pipeflow.state import Rule
+from pipeflow.resume._seeds import Seeded, config_slots, config_with_seeds
+from pipeflow.resume.state import Rule
 
 __all__ = ["Pipe", "Source", "Stage", "Traits", "or_stranger"]
 
@@ -287,7 +287,7 @@ class Stage(Seeded, Generic[In, Out]):
     def close(self) -> None:
         """Release anything the stage holds across epochs (nothing, for most stages)."""
 
-    # -- seeds (see pipeflow._seeds) ----------------------------------------------------------
+    # -- seeds (see pipeflow.resume._seeds) -------------------------------------------------
     def seed_slots(self) -> list[tuple[str, int]]:
         """Every seed in this stage's configuration, nested stages included, in order."""
         return config_slots(self._name, self._config)

@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeflow._failure import ENDED, Failure
 from pipeflow.errors import StageStuckError, annotate
-from pipeflow.state import Progress
+from pipeflow.resume.state import Progress
 
 __all__ = ["Meter", "Pass", "Route", "close_all", "cut", "guarded", "remembering"]
 

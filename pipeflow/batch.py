@@ -11,8 +11,8 @@ from pipeflow import _checks
 from pipeflow._budget import budget_batch
 from pipeflow._context import Context
 from pipeflow._plan import Batches, Positions
-from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
+from pipeflow.resume._restarts import RESTARTS, Clean, restarting
 
 __all__ = ["batch", "unbatch"]
 

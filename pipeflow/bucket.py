@@ -12,7 +12,7 @@ Two ways, by what is known up front:
 - ``length=``, a function of an item: the stage reads ``window`` items at a time, buckets and
   batches them in arrival order, and yields a window's batches in an order drawn from
   ``(seed, BUCKET, epoch, the window's first input)``; a resumed pass re-reads at most one
-  window (:mod:`pipeflow._restarts`). The number of batches is known only by running.
+  window (:mod:`pipeflow.resume._restarts`). The number of batches is known only by running.
 
 Bucket ``i`` holds the lengths ``boundaries[i - 1] < n <= boundaries[i]``; the last one, the
 lengths above the last boundary.
@@ -32,9 +32,9 @@ import numpy as np
 from pipeflow import _checks, _lengths
 from pipeflow._context import Context
 from pipeflow._random import BUCKET, check_seed, derive, fresh_seed, numpy_rng
-from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
-from pipeflow.state import Rule
+from pipeflow.resume._restarts import RESTARTS, Clean, restarting
+from pipeflow.resume.state import Rule
 
 __all__ = ["bucket"]
 

@@ -35,7 +35,6 @@ from pipeflow._facade import (
 )
 from pipeflow._hints import checked_keywords
 from pipeflow._stage import Stage
-from pipeflow._state_check import check_loader
 from pipeflow.batch import batch
 from pipeflow.collate import collate, default_collate, default_convert
 from pipeflow.device import _accelerator, pin_memory
@@ -43,6 +42,7 @@ from pipeflow.fetch import fetch
 from pipeflow.ignore import ignore_errors, is_ignore_errors
 from pipeflow.loader import Loader
 from pipeflow.parallel import parallel_map, parallel_source
+from pipeflow.resume._check import check_loader
 from pipeflow.stats import DATALOADER_KNOBS, Stats
 
 __all__ = ["DataLoader"]

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from pipeflow import _checks
 from pipeflow._failure import Failure
 from pipeflow._stage import Stage
-from pipeflow.state import Rule
+from pipeflow.resume.state import Rule
 
 __all__ = ["pin_memory", "to_device"]
 

@@ -8,10 +8,10 @@ from typing import Any
 from pipeflow._context import Context
 from pipeflow._coroutines import refuse
 from pipeflow._failure import Failure
-from pipeflow._objects import Snapshots, is_stateful, snapshot
 from pipeflow._stage import Stage
 from pipeflow.errors import annotate
-from pipeflow.state import Form, Int, Rule, Value, flag
+from pipeflow.resume._objects import Snapshots, is_stateful, snapshot
+from pipeflow.resume.state import Form, Int, Rule, Value, flag
 
 __all__ = ["fetch"]
 
@@ -115,7 +115,7 @@ class _DatasetRecord(Snapshots):
     ) -> dict[str, Any]:
         """Its :attr:`FORM`; or, from a run with workers, a ``parallel_map``'s record."""
         if isinstance(record, dict) and "workers" in record:
-            from pipeflow._state_check import map_record_inline
+            from pipeflow.resume._check import map_record_inline
 
             return map_record_inline(record, where, consumed, total, stateful=True)
         return super().check(stage, record, where, consumed, total)
@@ -162,7 +162,7 @@ class _DatasetRecord(Snapshots):
 
 
 #: ``fetch`` over a stateful dataset (one with ``state_dict()``, see
-#: :mod:`pipeflow._objects`) that it reads in this process: the dataset is saved with the
+#: :mod:`pipeflow.resume._objects`) that it reads in this process: the dataset is saved with the
 #: loader's state, as of the samples the consumer received (the pass's record says where it
 #: stood), and restored when a resumed pass fetches its first sample.
 _STATEFUL = Rule.recorded(_DatasetRecord)

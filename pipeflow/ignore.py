@@ -21,7 +21,7 @@ from pipeflow.errors import (
     _add_note,
     describe_indices,
 )
-from pipeflow.state import Drops, Rule
+from pipeflow.resume.state import Drops, Rule
 
 if TYPE_CHECKING:
     from pipeflow.stats import StageRecord

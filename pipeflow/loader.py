@@ -15,10 +15,10 @@ from pipeflow._hints import not_an_iterator, operand_error, unread_indices, warn
 from pipeflow._layout import layout
 from pipeflow._plan import PassPlan, plan
 from pipeflow._random import DrawnSeed
-from pipeflow._seeds import Seeded, replaced, slots
 from pipeflow._stage import Source, Stage, or_stranger
-from pipeflow._state_check import Loaded, check_loader, length
-from pipeflow.state import Progress, flat_index, light, reread_after_unordered, take
+from pipeflow.resume._check import Loaded, check_loader, length
+from pipeflow.resume._seeds import Seeded, replaced, slots
+from pipeflow.resume.state import Progress, flat_index, light, reread_after_unordered, take
 from pipeflow.stats import LoaderRecord, Stats
 
 __all__ = ["Context", "Loader", "Source"]
@@ -159,7 +159,7 @@ class Loader(Seeded, Generic[Out]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (Loader, (self._source, self._stages))
 
-    # -- seeds (see pipeflow._seeds) ----------------------------------------------------------
+    # -- seeds (see pipeflow.resume._seeds) -------------------------------------------------
     def seed_slots(self) -> list[tuple[str, int]]:
         """Every seed of the pipeline (the source's, then each stage's), in order."""
         return slots([self._source, *self._stages])

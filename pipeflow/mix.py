@@ -18,9 +18,9 @@ from pipeflow import _checks
 from pipeflow._context import Context, Hooks
 from pipeflow._random import MIX, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
-from pipeflow._state_check import check_pass_record
 from pipeflow.loader import Loader
-from pipeflow.state import (
+from pipeflow.resume._check import check_pass_record
+from pipeflow.resume.state import (
     Each,
     Form,
     Int,

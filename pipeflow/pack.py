@@ -12,7 +12,7 @@ segment's positions restart at 0. Every token of every sequence lands in exactly
 an empty sequence makes no segment.
 
 Two methods, both holding a bounded buffer and resumable where it was empty
-(:mod:`pipeflow._restarts`), so a resumed pass re-reads at most one buffer:
+(:mod:`pipeflow.resume._restarts`), so a resumed pass re-reads at most one buffer:
 
 - ``"first_fit"`` (Grain's ``FirstFitPackIterDataset``): up to ``window`` rows are open; each
   sequence (a long one, each row-length piece of it) goes into the first open row with room,
@@ -35,8 +35,8 @@ import numpy as np
 
 from pipeflow import _checks, _lengths
 from pipeflow._context import Context
-from pipeflow._restarts import RESTARTS, Clean, restarting
 from pipeflow._stage import Stage
+from pipeflow.resume._restarts import RESTARTS, Clean, restarting
 
 __all__ = ["pack"]
 

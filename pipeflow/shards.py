@@ -34,7 +34,7 @@ from pipeflow._random import SHARDS, check_seed, derive, fresh_seed
 from pipeflow._stage import Source
 from pipeflow.distributed import rank_and_world_size
 from pipeflow.loader import Loader
-from pipeflow.state import Rule
+from pipeflow.resume.state import Rule
 from pipeflow.worker_info import get_worker_info, in_replica
 
 __all__ = ["Shard", "expand", "relative_names", "root_of", "shards", "split"]

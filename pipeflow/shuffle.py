@@ -13,7 +13,7 @@ from pipeflow._permutation import Permutation
 from pipeflow._plan import Positions
 from pipeflow._random import BUFFER_SHUFFLE, check_seed, derive, fresh_seed
 from pipeflow._stage import Stage, Traits
-from pipeflow.state import Form, Int, Record, Rule
+from pipeflow.resume.state import Form, Int, Record, Rule
 
 __all__ = ["shuffle"]
 

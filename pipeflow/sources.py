@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._context import Context, Hooks
-from pipeflow._objects import Snapshots, is_stateful, restore, snapshot
 from pipeflow._plan import Positions
 from pipeflow._samplers import describe_sampler
 from pipeflow._stage import Source, Stage, _short
 from pipeflow.errors import PipeflowError
 from pipeflow.loader import Loader
-from pipeflow.state import Rule
+from pipeflow.resume._objects import Snapshots, is_stateful, restore, snapshot
+from pipeflow.resume.state import Rule
 
 __all__ = ["from_iterable", "from_sampler", "indices"]
 
@@ -154,7 +154,7 @@ def _between_passes(source: _Restoring) -> dict[str, Any] | None:
 class _Restoring(Source[Any]):
     """A source that reads a user object's iterator: a stateful object (and iterator) is
     restored where a resumed pass starts, and tracked for ``state_dict()`` (see
-    :mod:`pipeflow._objects`); the others are read again up to there."""
+    :mod:`pipeflow.resume._objects`); the others are read again up to there."""
 
     uses_hooks = True  # the loader hands it what a resumed pass starts from, and its record
     #: It reads up to ``context.start`` itself (from a snapshot, when saved).

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pipeflow import _checks
 from pipeflow._stage import Stage
-from pipeflow.state import Kept, Rule
+from pipeflow.resume.state import Kept, Rule
 
 __all__ = ["filter", "map", "random_map"]
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-import pipeflow.state as pf_state
+import pipeflow.resume.state as pf_state
 
 
 def _same(x: Any) -> Any:

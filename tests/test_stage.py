@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow.state import Form, Int, Record, Rule
+from pipeflow.resume.state import Form, Int, Record, Rule
 from tests.example_stages import add_noise, with_epoch
 from tests.strategies import batch_sizes
 

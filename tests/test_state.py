@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow.state import Delivery, Drops, Plan, Rule, plan
+from pipeflow.resume.state import Delivery, Drops, Plan, Rule, plan
 
 
 def test_maps_and_batches_push_the_skip_down_to_the_source() -> None:

@@ -1,4 +1,4 @@
-"""A process worker's states travel pickled by :func:`pipeflow.parallel._states.dumps`: every
+"""A process worker's states travel pickled by :func:`pipeflow.resume._states.dumps`: every
 tensor comes back equal, of the same dtype, shape and strides, and tensors that shared a
 storage still share one; tensors it cannot carry as bytes are pickled as torch does."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from pipeflow.parallel._states import Packed, dumps, pack, unpacked
+from pipeflow.resume._states import Packed, dumps, pack, unpacked
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import pytest
 
 import pipeflow as pf
-from pipeflow.state import fingerprint
+from pipeflow.resume.state import fingerprint
 from tests._servers import _Files, http_server
 from tests._shards import ident, sample_id, write_shards
 

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import pipeflow as pf
-import pipeflow.state as pf_state
+import pipeflow.resume.state as pf_state
 from pipeflow.errors import StreamNotSplitError
 from tests._resume_cases import OwnRng, Stream, _listed
 from tests._shards import write_shards

@@ -8,7 +8,7 @@ the package can be compared on the same cases:
     python tools/contract_tally.py --resealed      # tampered states with their digests recomputed
     cd /tmp/other && python /path/to/tools/contract_tally.py   # another checkout's package
 
-``--resealed`` recomputes each tampered state's digests (:func:`pipeflow.state.digests`)
+``--resealed`` recomputes each tampered state's digests (:func:`pipeflow.resume.state.digests`)
 before it is loaded, so that what refuses it is the field checks alone, not the digests
 that bind a record to its pipeline, epoch and position.
 
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--resealed", action="store_true", help="recompute tampered digests")
     args = parser.parse_args()
 
-    import pipeflow.state as state
+    import pipeflow.resume.state as state
     from tests import test_resume_contract as contract
     from tests._contract_cases import PIPELINES
 

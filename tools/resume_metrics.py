@@ -29,7 +29,9 @@ Vocabulary:
     lacks. *Core modules* (:data:`CORE`) are the resume-only
     modules: ``state``, ``_state_check``, ``_restarts``, ``_objects``, ``_seeds``,
     ``_facade_state``, ``parallel/_records``, ``parallel/_states``, ``readers/_versions`` (and
-    any ``resume*.py`` / ``_resume*.py`` a redesign adds).
+    any ``resume*.py`` / ``_resume*.py`` a redesign adds); since the ``resume/`` package holds
+    the protocol, every module in it (``_seal`` and ``_rngs`` too, which moved in) and the
+    public face ``state.py``.
 
 1. Modules that touch resume: a core module, or one whose code defines a function or method
    with a resume name, reads or writes an attribute with one (``x.name``), passes or takes
@@ -233,7 +235,9 @@ def load(root: Path) -> dict[str, Module]:
         text = path.read_text(encoding="utf-8")
         mod = Module(rel, ast.parse(text, str(path)), len(text.splitlines()))
         stem = Path(rel).name
-        mod.core = rel in CORE or stem.startswith(("resume", "_resume"))
+        mod.core = (
+            rel in CORE or rel.startswith("resume/") or stem.startswith(("resume", "_resume"))
+        )
         _collect(mod)
         out[rel] = mod
     return out

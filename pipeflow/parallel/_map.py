@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import is_coroutine_function, refuse
 from pipeflow._stage import Stage, Traits, _short
-from pipeflow.parallel._records import MapRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._worker import MapJob
-from pipeflow.state import Rule
+from pipeflow.resume._records import MapRecord
+from pipeflow.resume.state import Rule
 
 __all__ = ["ParallelMap", "parallel_map"]
 
@@ -171,7 +171,7 @@ def parallel_map(
             generators a state saves, as of the last item the consumer received from it, so
             that a resumed pass draws the same numbers: ``"torch"`` (torch's; the default),
             ``"all"`` (Python's ``random`` and numpy's too: about 0.1 ms an item more), or
-            ``None`` (see :mod:`pipeflow._rngs` and the how-to "Resume a run mid-epoch").
+            ``None`` (see :mod:`pipeflow.resume._rngs` and the how-to "Resume a run mid-epoch").
         restarts: process workers and Ray actors only: how many dead workers a pass may
             replace (their items go to the new worker, which starts with the dead one's id
             and seed); ``0`` ends the pass at the first death.

@@ -30,10 +30,10 @@ from pipeflow.parallel._protocol import Pool, held, named
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._threads import DIED
 from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
-from pipeflow.state import numbered, recording
+from pipeflow.resume.state import numbered, recording
 
 if TYPE_CHECKING:
-    from pipeflow.parallel._records import MapRecord, SourceRecord
+    from pipeflow.resume._records import MapRecord, SourceRecord
 
 __all__ = ["run_parallel"]
 
@@ -315,7 +315,7 @@ def _delivered(
     :class:`~pipeflow._failure.Failure`, and the next item goes on. Unordered, the numbers of
     the items delivered go to *order* as each goes out; *states* notes, before each reply's
     results go out, what changed in its worker's state (every reply, for a source: which
-    worker made them; see :mod:`pipeflow.parallel._states`).
+    worker made them; see :mod:`pipeflow.resume._states`).
 
     A list of ``"ok"`` replies from threads or event loops, whose results are the workers'
     own objects, goes out as it is; anything else (a process's encoded result, a failure, a

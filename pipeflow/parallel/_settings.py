@@ -15,9 +15,9 @@ from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
-from pipeflow._rngs import KINDS
-from pipeflow._seeds import WORKERS_SLOT, Seeded
 from pipeflow.parallel._ray_options import check_ray_options
+from pipeflow.resume._rngs import KINDS
+from pipeflow.resume._seeds import WORKERS_SLOT, Seeded
 
 __all__ = [
     "BACKENDS",
@@ -60,7 +60,7 @@ class Settings(Seeded):
     round_robin: bool = False
     #: *fn* is a coroutine function: event loops run it, many items per worker at once.
     coroutines: bool = False
-    #: Which of a process worker's global generators a state saves (:mod:`pipeflow._rngs`).
+    #: Which of a process worker's global generators a state saves (:mod:`pipeflow.resume._rngs`).
     rng_state: str | None = "torch"
     #: Process workers (or Ray actors) that may die in one pass and be replaced, their items
     #: sent again.
@@ -90,7 +90,7 @@ class Settings(Seeded):
         return derive(self.seed, WORKERS, context.epoch) >> 1  # 63 bits, as torch's seeds
 
     def seed_slots(self) -> list[tuple[str, int]]:
-        """The workers' seed, as a seed of the pipeline (see :mod:`pipeflow._seeds`); the
+        """The workers' seed, as a seed of the pipeline (see :mod:`pipeflow.resume._seeds`); the
         stage that holds these settings names it (``"parallel_map workers"``)."""
         return [(WORKERS_SLOT, self.seed)]
 

@@ -9,12 +9,12 @@ from typing import Any, TypeVar
 
 from pipeflow._context import Context, Hooks
 from pipeflow.loader import Loader, Source
-from pipeflow.parallel._records import SourceRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel._wire import PassNote
 from pipeflow.parallel._worker import SourceJob
-from pipeflow.state import Rule
+from pipeflow.resume._records import SourceRecord
+from pipeflow.resume.state import Rule
 
 __all__ = ["parallel_source"]
 
@@ -26,7 +26,7 @@ T = TypeVar("T")
 def _identity(source: _ParallelSource) -> list[str]:
     """What a state compares: the loader each worker runs and the delivery order, not the
     runtime knobs (the worker count is checked with the source's record)."""
-    from pipeflow.state import fingerprint
+    from pipeflow.resume.state import fingerprint
 
     order = "" if source.config.ordered else ", ordered=False"
     inner = " | ".join(fingerprint(source.loader.source, source.loader.stages))
@@ -63,7 +63,7 @@ class _ParallelSource(Source[Any]):
 
     def seed_slots(self) -> list[tuple[str, int]]:
         """The seeds of the loader each worker runs, then the workers' seed: drawn ones
-        travel in a state like any stage's (see :mod:`pipeflow._seeds`)."""
+        travel in a state like any stage's (see :mod:`pipeflow.resume._seeds`)."""
         workers = [("parallel_source" + name, seed) for name, seed in self.config.seed_slots()]
         return [*self.loader.seed_slots(), *workers]
 

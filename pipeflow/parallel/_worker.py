@@ -22,16 +22,12 @@ from typing import Any, NamedTuple
 
 from pipeflow._context import Context
 from pipeflow._failure import Failure, WithDropped
-from pipeflow._objects import is_stateful
 from pipeflow._random import seed_sequence_state
-from pipeflow._rngs import capture as capture_rngs
-from pipeflow._rngs import restore as restore_rngs
 from pipeflow._stage import Stage, context_after, without_torch
 from pipeflow.errors import StreamNotSplitError, annotate
 from pipeflow.parallel import _segments
 from pipeflow.parallel._fork import Pickled
 from pipeflow.parallel._shm import Writer
-from pipeflow.parallel._states import pack
 from pipeflow.parallel._wire import (
     Encoded,
     Exhausted,
@@ -42,6 +38,10 @@ from pipeflow.parallel._wire import (
     describe_item,
     remote_error,
 )
+from pipeflow.resume._objects import is_stateful
+from pipeflow.resume._rngs import capture as capture_rngs
+from pipeflow.resume._rngs import restore as restore_rngs
+from pipeflow.resume._states import pack
 from pipeflow.worker_info import (
     WorkerInfo,
     begin_replica_pass,
@@ -79,7 +79,7 @@ class WorkerSpec(NamedTuple):
         main_pid: process workers: the main process, whose death ends the worker.
         prefix: process workers: the names of this worker's shared-memory segments.
         rng_state: which global generators the worker reports with each reply for
-            ``state_dict()`` (``"torch"``, ``"all"`` or ``None``: see :mod:`pipeflow._rngs`).
+            ``state_dict()`` (``"torch"``, ``"all"`` or ``None``: see :mod:`pipeflow.resume._rngs`).
         restore: what a resumed pass restores in this worker once it has started (its
             generators, its dataset's or replica's state; see :class:`Snapshotter`), or
             ``None``.
@@ -316,7 +316,7 @@ class Snapshotter:
     """What a worker sends with each reply for ``state_dict()``: what changed in its state
     since its previous reply — its job's (the worker's copy of a stateful dataset, its
     replica's pass: *own* is False for thread workers of a map, which share the main
-    process's dataset) and its global generators' (see :mod:`pipeflow._rngs`)."""
+    process's dataset) and its global generators' (see :mod:`pipeflow.resume._rngs`)."""
 
     __slots__ = ("job", "own", "rngs")
 

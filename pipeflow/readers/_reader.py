@@ -40,8 +40,8 @@ from pipeflow.readers._bytes import Stream, is_local
 from pipeflow.readers._decode import decoders
 from pipeflow.readers._storage import Storage
 from pipeflow.readers._versions import check_fingerprint, verify_shard
+from pipeflow.resume.state import Form, Int, Record, Rule, Value
 from pipeflow.shards import Shard
-from pipeflow.state import Form, Int, Record, Rule, Value
 
 __all__ = [
     "KEEP_OFFSETS",

@@ -21,7 +21,7 @@ from typing import Any
 from pipeflow.errors import ShardReadError
 from pipeflow.readers._bytes import HEAD, fingerprint_of, is_local, local_path
 from pipeflow.readers._storage import Storage
-from pipeflow.state import integer
+from pipeflow.resume.state import integer
 
 __all__ = ["VERSIONS", "check_fingerprint", "current_version", "verify_shard"]
 

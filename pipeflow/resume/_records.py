@@ -16,10 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeflow._context import Context
-from pipeflow._state_check import check_workers, same_workers
-from pipeflow.parallel._settings import Settings
-from pipeflow.parallel._states import MapStates, WorkerStates
-from pipeflow.state import (
+from pipeflow.resume._check import check_workers, same_workers
+from pipeflow.resume._states import MapStates, WorkerStates
+from pipeflow.resume.state import (
     ByWorker,
     Delivery,
     Form,
@@ -32,6 +31,11 @@ from pipeflow.state import (
     flag,
     record_keys,
 )
+
+#: A parallel stage's settings (:class:`pipeflow.parallel._settings.Settings`: ``workers``,
+#: ``backend``, ``ordered``, ``persistent``), read here, never imported: the records sit below
+#: the parallel package.
+Settings = Any
 
 __all__ = [
     "MapRecord",
@@ -85,7 +89,7 @@ class MapRecord(Record):
     def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> MapRecord:
         """What the pass of a ``parallel_map`` *stage* delivered (out of order: which items)
         and, with workers, the workers' states as of each output (see
-        :mod:`pipeflow.parallel._states`)."""
+        :mod:`pipeflow.resume._states`)."""
         config: Settings = stage.config["settings"]
         own = config.workers == 0 or config.backend in ("process", "ray")  # not threads'
         stateful = _stateful(stage)
@@ -189,8 +193,8 @@ class MapRecord(Record):
 def _stateful(stage: Any) -> bool:
     """Whether a ``parallel_map``'s stages read a stateful dataset (each process worker its
     own copy)."""
-    from pipeflow._objects import is_stateful
     from pipeflow._stage import Stage
+    from pipeflow.resume._objects import is_stateful
 
     fn = stage.config["fn"]
     stages = fn.stages if isinstance(fn, Stage) else ()
@@ -428,9 +432,9 @@ def _check_replicas(loader: Any, record: dict[str, Any], where: str) -> None:
     """Each worker's replica record, checked as a state's records are checked against the
     loader each worker runs (its form, each stage's record, the source's), and looked at
     by the stages that can tell whether their data changed since
-    (:func:`pipeflow._state_check.check_pass_record`). A worker with no record reads its
+    (:func:`pipeflow.resume._check.check_pass_record`). A worker with no record reads its
     count of items again: refused where the loader can't skip them without one."""
-    from pipeflow._state_check import check_pass_record
+    from pipeflow.resume._check import check_pass_record
 
     for w, worker in record["workers"].items():
         place = f"{where}['workers'][{w!r}]"
@@ -453,7 +457,7 @@ def _check_replicas(loader: Any, record: dict[str, Any], where: str) -> None:
 
 
 def check_rngs(saved: Any, where: str) -> None:
-    """Refuse a worker's saved global generators (:func:`pipeflow._rngs.capture`) that it
+    """Refuse a worker's saved global generators (:func:`pipeflow.resume._rngs.capture`) that it
     could not restore: each is set on a generator of its own here, as the worker would."""
     if not isinstance(saved, dict):
         msg = f"load_state_dict: {where} must be a dict (got {type(saved).__name__})"

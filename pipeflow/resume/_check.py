@@ -5,7 +5,7 @@ range, another version), that comes from another pipeline (another stage, size, 
 length), or whose seeds differ from seeds the user gave, each with a ``ValueError`` that
 names the key or the setting. It returns what the loader then applies all at once: the
 epoch, where the next pass starts, each record by stage position, and the seeds to adopt
-(the ones this loader drew itself take the state's: see :mod:`pipeflow._seeds`).
+(the ones this loader drew itself take the state's: see :mod:`pipeflow.resume._seeds`).
 
 Records are checked by the stage that keeps them (:meth:`pipeflow.Stage.check_record`), with
 what the position says that stage's consumer took, so a record that would skip what was not
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from pipeflow._seal import digest
-from pipeflow._seeds import is_workers, replaced
-from pipeflow.state import (
+from pipeflow.resume._seal import digest
+from pipeflow.resume._seeds import is_workers, replaced
+from pipeflow.resume.state import (
     READS,
     VERSION,
     Form,
@@ -62,7 +62,7 @@ class Loaded(NamedTuple):
         epoch: the epoch of the next pass.
         resume: ``{"position": ..., "stages": {stage position: record}}`` for the next pass
             (``"source"``: the source's record, when it keeps one).
-        seeds: the seeds to give the pipeline, in :func:`pipeflow._seeds.slots` order.
+        seeds: the seeds to give the pipeline, in :func:`pipeflow.resume._seeds.slots` order.
     """
 
     epoch: int
@@ -191,7 +191,7 @@ def _check_form(state: Any) -> None:
 
 def _check_digests(stages: Sequence[Any], state: dict[str, Any]) -> None:
     """Refuse seeds and records that do not match the state's digests: changed after
-    ``state_dict()`` gave them, or taken from another state (see :mod:`pipeflow._seal`)."""
+    ``state_dict()`` gave them, or taken from another state (see :mod:`pipeflow.resume._seal`)."""
     sums = state["digests"]
     optional = {"source"} if "source" in state else set()
     record_keys(sums, "state['digests']", {"seeds", "stages", *optional}, set())
@@ -257,7 +257,7 @@ def _check_pipeline(here: list[str], there: list[str]) -> None:
 def _check_seeds(here: list[list[Any]], there: list[list[Any]]) -> list[int]:
     """The seeds the pipeline takes: the state's, where this loader drew its own; refuse a
     seed the user gave that the state's differs from. The workers' seeds of parallel stages
-    (which a pipeline may have or not: see :data:`pipeflow._seeds.WORKERS_SLOT`) are taken
+    (which a pipeline may have or not: see :data:`pipeflow.resume._seeds.WORKERS_SLOT`) are taken
     where the state has them for the same stages, and are never refused."""
     data_here = [slot for slot in here if not is_workers(slot[0])]
     data_there = [slot for slot in there if not is_workers(slot[0])]
@@ -402,7 +402,7 @@ def _totals(source: Any, stages: Sequence[Any]) -> list[int | None]:
     return out
 
 
-# -- the workers' states in a parallel stage's record (see pipeflow.parallel._states) --------
+# -- the workers' states in a parallel stage's record (see pipeflow.resume._states) --------
 #: What a worker's state holds that is the user's (a dataset's, a replica's): it cannot be
 #: given to another number of workers. The generators' states can be left behind.
 _USERS = ("dataset", "replica")

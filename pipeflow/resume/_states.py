@@ -29,7 +29,7 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
-from pipeflow._rngs import as_json as rngs_json
+from pipeflow.resume._rngs import as_json as rngs_json
 
 __all__ = ["MapStates", "Packed", "WorkerStates", "dumps", "jsonable", "merge", "pack", "unpacked"]
 

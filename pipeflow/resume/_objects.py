@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from pipeflow.state import Form, Int, Record, Value, flag
+from pipeflow.resume.state import Form, Int, Record, Value, flag
 
 __all__ = [
     "KEEP",

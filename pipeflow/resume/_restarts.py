@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeflow._context import Context
-from pipeflow.state import Form, Int, Record, Rule
+from pipeflow.resume.state import Form, Int, Record, Rule
 
 __all__ = ["RESTARTS", "Clean", "Restarts", "drive", "restarting"]
 

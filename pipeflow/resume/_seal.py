@@ -5,7 +5,7 @@ filter's outputs took): only the stage that wrote it can tell whether it is hone
 often not even that stage (an ``offset`` one sample later is as well-formed as the true one,
 and silently drops a sample). So :func:`pipeflow.state.take` writes, beside the records, a
 digest of each, keyed by the pipeline's identity, the epoch and the position it was taken at;
-the validator (:mod:`pipeflow._state_check`) checks every field it can read with words of
+the validator (:mod:`pipeflow.resume._check`) checks every field it can read with words of
 its own first, then the digests: a record changed after ``state_dict()`` gave it, or moved
 from another state (another pipeline, epoch or position), is refused by name, before
 anything is applied.
