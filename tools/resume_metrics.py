@@ -748,6 +748,15 @@ def measure(root: Path, run_trace: bool, warm: int, batches: int) -> dict[str, A
         "package_lines": total,
         "lines_share": round(100 * lines / total, 1) if total else 0.0,
     }
+    # Modules that touch resume only by declaring a rule or naming a record class that lives
+    # elsewhere: no core module, no resume code of their own (no unit of metric 7).
+    details["modules_declaring_only"] = sorted(
+        rel
+        for rel, why in touched.items()
+        if not modules[rel].core
+        and not units.get(rel)
+        and set(name_uses(modules[rel])) <= {"resume"}
+    )
     if run_trace:
         per = trace(root, warm, batches)
         hit = sorted({m for calls in per.values() for m, _, _ in calls if m in touched})
@@ -762,6 +771,9 @@ def measure(root: Path, run_trace: bool, warm: int, batches: int) -> dict[str, A
                 return True
             return any(a <= line <= b for a, b in spans.get(m, []))
 
+        details["trace_resume_code"] = sorted(
+            {f"{m}:{n} {f}" for calls in per.values() for m, n, f in calls if is_resume(m, n)}
+        )
         details["trace_functions"] = {
             name: [
                 f"{m}:{n} {f}" + (" [resume code]" if is_resume(m, n) else "")
@@ -798,6 +810,14 @@ def table(report: dict[str, Any]) -> str:
             shown = f"{v:,} ({details['lines_share']}% of {details['package_lines']:,})"
         goal, ok = GOALS[key]
         rows.append((label, shown, str(ISSUE[key]), goal, "yes" if ok(v) else "no"))
+    declaring = details["modules_declaring_only"]
+    rows.insert(
+        2,
+        ("   of which only declare a rule", str(len(declaring)), "", "", ""),
+    )
+    if "trace_resume_code" in details:
+        ran = details["trace_resume_code"]
+        rows.append(("   resume code run on such a batch", f"{len(ran)} functions", "", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     text = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     text.insert(1, "  ".join("-" * w for w in widths))
@@ -813,6 +833,9 @@ def listing(report: dict[str, Any]) -> str:
         out.extend(f"  {x}" for x in items)
 
     section("1. modules", (f"{m}: {'; '.join(w)}" for m, w in d["modules"].items()))
+    section(
+        "   of which only declare a rule (no resume code of their own)", d["modules_declaring_only"]
+    )
     section(
         "2. names (defined in)",
         (f"{n}: {', '.join(ms) or '(used only)'}" for n, ms in d["names"].items()),
