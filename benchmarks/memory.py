@@ -254,7 +254,7 @@ def _worker_switch(worker_id: int) -> None:
 
 
 class _Freeze:
-    """Stands in for the ``gc`` module inside ``pipeflow.parallel._fork``."""
+    """Stands in for the ``gc`` module inside ``pipeflow.parallel.pools._fork``."""
 
     def __init__(self, freeze: bool, unfreeze: bool) -> None:
         self._freeze, self._unfreeze = freeze, unfreeze
@@ -313,7 +313,7 @@ def _epoch(loader_name: str, flags: set[str], dataset: Any) -> Iterable[Any]:
     if "switch" in flags:
         kwargs["worker_init_fn"] = _worker_switch
     if "no-freeze" in flags or "keep-frozen" in flags:
-        from pipeflow.parallel import _fork
+        from pipeflow.parallel.pools import _fork
 
         _fork.gc = _Freeze("no-freeze" not in flags, False)  # type: ignore[attr-defined,assignment]
     cls = torch.utils.data.DataLoader if loader_name == "torch" else pf.DataLoader

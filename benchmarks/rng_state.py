@@ -21,7 +21,7 @@ import torch
 
 import pipeflow as pf
 from benchmarks import datasets as data
-from pipeflow.parallel._worker import MapJob, Snapshotter
+from pipeflow.parallel.pools._worker import MapJob, Snapshotter
 
 
 def _micros(fn: Callable[[], Any], n: int) -> float:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from pipeflow.pack import pack
     from pipeflow.pad import Padded
     from pipeflow.parallel import parallel_map, parallel_source
-    from pipeflow.parallel._warm import set_warm_start
+    from pipeflow.parallel.pools._warm import set_warm_start
     from pipeflow.progress import progress
     from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
     from pipeflow.resume._objects import Stateful
@@ -161,7 +161,7 @@ _WHERE = {
     "read_jsonl": "pipeflow.readers",
     "read_parquet": "pipeflow.readers",
     "read_tar": "pipeflow.readers",
-    "set_warm_start": "pipeflow.parallel._warm",
+    "set_warm_start": "pipeflow.parallel.pools._warm",
     "shard": "pipeflow.distributed",
     "shards": "pipeflow.shards",
     "shared_list": "pipeflow.shared",

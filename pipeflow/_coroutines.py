@@ -1,7 +1,7 @@
 """Coroutine functions where nothing can await them: found, and refused when a stage is built.
 
 Only :func:`pipeflow.parallel_map` runs ``async def`` functions (on event loops, see
-:mod:`pipeflow.parallel._aio`). Any other stage would call one and pass the coroutine object
+:mod:`pipeflow.parallel.pools._aio`). Any other stage would call one and pass the coroutine object
 on, un-awaited, so the factories refuse it up front with :func:`refuse`.
 """
 

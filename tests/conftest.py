@@ -28,7 +28,7 @@ def pytest_sessionstart(session: object) -> None:
     # the leak checks below don't count them.
     from multiprocessing import forkserver, resource_tracker
 
-    from pipeflow.parallel import _warm
+    from pipeflow.parallel.pools import _warm
 
     forkserver.ensure_running()
     resource_tracker.ensure_running()

@@ -25,7 +25,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow.parallel._lives import POISON_DEATHS
+from pipeflow.parallel.pools._lives import POISON_DEATHS
 from tests.conftest import nothing_left
 from tests.faults import DieAt, ExitAt, Samples, Share
 

@@ -81,7 +81,7 @@ def test_a_spawn_worker_imports_only_what_its_task_needs() -> None:
         "    print(list(pf.indices(1) | stage)[0])\n"
     )
     modules = ast.literal_eval(out)
-    assert "pipeflow.parallel._worker" in modules
+    assert "pipeflow.parallel.pools._worker" in modules
     for heavy in ("pipeflow.readers", "pipeflow.shards", "pipeflow.batch", "asyncio"):
         assert heavy not in modules, modules
 

@@ -1,7 +1,7 @@
 """The engine's in-flight and ordering logic (:func:`pipeflow.parallel._run.run_parallel`)
 against a fake pool: no threads, no processes, every schedule drawn by hypothesis.
 
-The fake keeps the :class:`~pipeflow.parallel._protocol.Pool` protocol in this thread: it
+The fake keeps the :class:`~pipeflow.parallel.pools._protocol.Pool` protocol in this thread: it
 takes tasks while it has free slots, and each ``collect`` finishes some of the tasks out, in
 an order drawn from the test's seed. So the reordering, the backpressure and the delivery
 run exactly as they do over workers, one schedule at a time, reproducibly. It checks the
@@ -26,7 +26,7 @@ from pipeflow.parallel._kept import Kept
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel._settings import settings as parallel_settings
-from pipeflow.parallel._wire import Reply
+from pipeflow.parallel.transport._wire import Reply
 
 
 def f(x: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import pipeflow as pf
-from pipeflow.parallel._ray_options import REFUSED, actor_options
+from pipeflow.parallel.ray._ray_options import REFUSED, actor_options
 
 
 def square(x: int) -> int:

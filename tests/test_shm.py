@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow import _alloc
-from pipeflow.parallel import _kept, _segments
-from pipeflow.parallel._shm import Reader, Writer
+from pipeflow.parallel import _kept
+from pipeflow.parallel.transport import _segments
+from pipeflow.parallel.transport._shm import Reader, Writer
 from tests.conftest import children
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
@@ -357,9 +358,9 @@ FILL_THEN_REUSE = """
 import sys, os, gc
 import numpy as np
 from pipeflow import _alloc
-from pipeflow.parallel import _segments
-from pipeflow.parallel._shm import Reader
-from pipeflow.parallel._shm import Writer
+from pipeflow.parallel.transport import _segments
+from pipeflow.parallel.transport._shm import Reader
+from pipeflow.parallel.transport._shm import Writer
 from tests.test_shm import Link
 _segments.SHM_DIR = sys.argv[1]
 link = Link()

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import pipeflow as pf
-from pipeflow.parallel import _warm, _zygote
+from pipeflow.parallel.pools import _warm, _zygote
 from tests.conftest import children
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ if __name__ == "__main__":
     out["torch"] = rows("torch", multiprocessing_context="spawn")
     stage = pf.parallel_map(square, workers=2, backend="process", mp_context="forkserver")
     out["forkserver"] = list(pf.indices(4) | stage)
-    from pipeflow.parallel import _warm
+    from pipeflow.parallel.pools import _warm
     out["server"] = _warm._STATE["servers"][True]._forkserver_pid
     pf.set_warm_start(False)
     out["off"] = rows("pf", multiprocessing_context="spawn")

@@ -131,7 +131,7 @@ CORE = (
 )
 #: Units that are resume code by reading, though no name says so (metric 7; module: names).
 READ_UNITS = {
-    "parallel/_worker.py": ("Snapshotter", "Tracker", "restore_worker"),
+    "parallel/pools/_worker.py": ("Snapshotter", "Tracker", "restore_worker"),
     "_wrappers.py": ("cut",),
 }
 #: The fields of ``Hooks`` that carry resumption (``stats`` and ``resources`` do not).

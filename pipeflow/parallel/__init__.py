@@ -1,12 +1,20 @@
-"""Parallel stages: ``parallel_map`` over threads or processes, and ``parallel_source``.
+"""Parallel stages: ``parallel_map`` over threads, processes or Ray actors, and
+``parallel_source``.
 
 One batch's path, top-down: :mod:`._map` and :mod:`._source` (the stages), :mod:`._run` (a
-pass: the in-flight bound and the reordering), :mod:`._processes`, :mod:`._threads` and
-:mod:`._aio` (the pools, behind :mod:`._protocol`; :mod:`._kept` builds or keeps one),
-:mod:`._worker` (the jobs and a process worker's loop), :mod:`._shm` (a result's way back
-through shared memory; :mod:`._segments` makes the files) and :mod:`._wire` (the records
-between them). Coroutine functions: :mod:`._aio` (event loops in threads) and
-:mod:`._aio_worker` (what a loop runs, in a thread or in a worker process).
+pass: the in-flight bound and the reordering), :mod:`._kept` (which pool a pass runs on, and
+the one kept between passes), then three rooms, each a package:
+
+- :mod:`.pools`: who runs the work: the pool protocol, threads, processes, event loops, what
+  a worker does with one task (the jobs), the workers' lives and shutdown, and starting
+  worker processes well;
+- :mod:`.transport`: a result's way back from a worker process: the typed records between
+  them, shared memory, and the files in ``/dev/shm`` it lives in;
+- :mod:`.ray`: Ray actors as a pool's workers.
+
+``transport`` imports nothing of the others; ``pools`` imports ``transport``; ``ray`` imports
+both; the modules here import all three. None of them imports the stages' modules
+(``_map``, ``_source``) or ``_run``.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeflow.parallel._reap import join_all
 from pipeflow.parallel._settings import Settings
+from pipeflow.parallel.pools._reap import join_all
 
 __all__ = ["TRIM_AFTER", "Kept", "make_pool"]
 
@@ -23,7 +23,7 @@ def make_pool(
     threads, event loops (in threads of this process, or one in each worker process), or
     Ray actors.
     *restores*: what each worker restores once started (a resumed pass), by worker id."""
-    from pipeflow.parallel._worker import WorkerSpec
+    from pipeflow.parallel.pools._worker import WorkerSpec
 
     # The global generators are a worker's own only in a process, and reproducible only
     # where which worker gets which item does not depend on timing (round robin).
@@ -33,12 +33,12 @@ def make_pool(
         job, 0, config.workers, base_seed, config.worker_init, rng_state=rng, restore=restores
     )
     if config.backend == "ray":
-        from pipeflow.parallel._ray import ray_pool
+        from pipeflow.parallel.ray._ray import ray_pool
 
         return ray_pool(spec, config, name)
     if config.backend == "process":
-        from pipeflow.parallel._processes import ProcessPool
-        from pipeflow.parallel._warm import warm_context
+        from pipeflow.parallel.pools._processes import ProcessPool
+        from pipeflow.parallel.pools._warm import warm_context
 
         mp = config.mp_context
         given = mp if isinstance(mp, multiprocessing.context.BaseContext) else None
@@ -53,7 +53,7 @@ def make_pool(
             )
             pool.skip_full = config.round_robin and not config.ordered
             return pool
-        from pipeflow.parallel._aio_worker import aio_process_main
+        from pipeflow.parallel.pools._aio_worker import aio_process_main
 
         return ProcessPool(
             spec,
@@ -65,10 +65,10 @@ def make_pool(
             restarts=config.restarts,
         )
     if config.coroutines:
-        from pipeflow.parallel._aio import LoopPool
+        from pipeflow.parallel.pools._aio import LoopPool
 
         return LoopPool(spec, name=name, round_robin=config.round_robin)
-    from pipeflow.parallel._threads import ThreadPool
+    from pipeflow.parallel.pools._threads import ThreadPool
 
     return ThreadPool(spec, name=name, round_robin=config.round_robin)
 

@@ -12,7 +12,7 @@ from pipeflow._coroutines import is_coroutine_function, refuse
 from pipeflow._stage import Stage, Traits, _short
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
-from pipeflow.parallel._worker import MapJob
+from pipeflow.parallel.pools._worker import MapJob
 from pipeflow.resume._records import MapRecord
 from pipeflow.resume.state import Rule
 
@@ -60,7 +60,7 @@ def _run(
     """One pass: *fn* over *upstream* on the pool (see :func:`run_parallel`)."""
     make: Any = MapJob
     if settings.coroutines:  # asyncio is imported for coroutine functions only
-        from pipeflow.parallel._aio_worker import CoroutineJob
+        from pipeflow.parallel.pools._aio_worker import CoroutineJob
 
         make = CoroutineJob
     job = make(fn, "parallel_map", context.ignoring, dict(context.facts))

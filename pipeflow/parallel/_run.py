@@ -5,12 +5,12 @@ Read it top-down: :func:`run_parallel` borrows a pool for the pass, numbers the 
 yields what :func:`_results`, :func:`_in_order` and :func:`_delivered` make of them.
 :func:`_results` keeps at most ``max_in_flight`` items out at once (backpressure) and yields
 the replies as they arrive, a list at a time; :func:`_in_order` holds early ones back until
-their turn. The pools (:mod:`pipeflow.parallel._processes`, :mod:`pipeflow.parallel._threads`,
-:mod:`pipeflow.parallel._aio`) run the items and turn failures into exceptions here: the
-user's own (same type, worker traceback chained, a note naming the stage, the item, the
-worker and its pid), ``WorkerDiedError``, ``WorkerTimeoutError``. ``parallel_map``
-(:mod:`pipeflow.parallel._map`) and ``parallel_source`` (:mod:`pipeflow.parallel._source`)
-are its two stages.
+their turn. The pools (:mod:`pipeflow.parallel.pools._processes`,
+:mod:`pipeflow.parallel.pools._threads`, :mod:`pipeflow.parallel.pools._aio`) run the items
+and turn failures into exceptions here: the user's own (same type, worker traceback chained,
+a note naming the stage, the item, the worker and its pid), ``WorkerDiedError``,
+``WorkerTimeoutError``. ``parallel_map`` (:mod:`pipeflow.parallel._map`) and
+``parallel_source`` (:mod:`pipeflow.parallel._source`) are its two stages.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pipeflow._context import Context, Hooks
 from pipeflow._failure import Failure, WithDropped, ended
 from pipeflow.errors import WorkerDiedError, WorkerTimeoutError, _add_note
 from pipeflow.parallel._kept import Kept, make_pool
-from pipeflow.parallel._protocol import Pool, held, named
 from pipeflow.parallel._settings import Settings
-from pipeflow.parallel._threads import DIED
-from pipeflow.parallel._wire import Exhausted, PassNote, Reply, describe_item
+from pipeflow.parallel.pools._protocol import Pool, held, named
+from pipeflow.parallel.pools._threads import DIED
+from pipeflow.parallel.transport._wire import Exhausted, PassNote, Reply, describe_item
 from pipeflow.resume.state import numbered, recording
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pipeflow import _checks
 from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
-from pipeflow.parallel._ray_options import check_ray_options
+from pipeflow.parallel.ray._ray_options import check_ray_options
 from pipeflow.resume._rngs import KINDS
 from pipeflow.resume._seeds import WORKERS_SLOT, Seeded
 
@@ -119,7 +119,7 @@ class Settings(Seeded):
         """For spawn and forkserver workers: refuse now what could not be sent to them."""
         method = self.start_method()
         if method in ("spawn", "forkserver"):
-            from pipeflow.parallel._fork import check_picklable
+            from pipeflow.parallel.pools._fork import check_picklable
 
             for what, value in {**parts, "worker_init": self.worker_init}.items():
                 if value is not None:

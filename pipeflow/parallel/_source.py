@@ -11,8 +11,8 @@ from pipeflow._context import Context, Hooks
 from pipeflow.loader import Loader, Source
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
-from pipeflow.parallel._wire import PassNote
-from pipeflow.parallel._worker import SourceJob
+from pipeflow.parallel.pools._worker import SourceJob
+from pipeflow.parallel.transport._wire import PassNote
 from pipeflow.resume._records import SourceRecord
 from pipeflow.resume.state import Rule
 
@@ -82,7 +82,7 @@ def _naming_positions(
     """*it*'s items; a worker's death names where that worker stood in its stream (the
     shard and sample its reader had reached), which the rest of its share starts from."""
     from pipeflow.errors import WorkerDiedError, _add_note
-    from pipeflow.parallel._threads import DIED
+    from pipeflow.parallel.pools._threads import DIED
 
     made = 0
     try:

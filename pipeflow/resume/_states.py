@@ -2,7 +2,7 @@
 
 Each reply a worker sends may carry what changed in its state since its previous reply (the
 worker's copy of a stateful dataset, its replica's pass, its global generators: see
-:class:`~pipeflow.parallel._worker.Snapshotter`). :class:`WorkerStates` notes, output by
+:class:`~pipeflow.parallel.pools._worker.Snapshotter`). :class:`WorkerStates` notes, output by
 output in delivery order, which worker made it and what changed; a state then holds each
 worker's state as of the outputs the consumer took — not as of what the workers had got to
 ahead of it — and a resumed pass starts each new worker from it (``WorkerSpec.restore``).
@@ -67,7 +67,7 @@ class Packed:
 
 
 def pack(state: dict[str, Any]) -> dict[str, Any]:
-    """A worker's *state* (a :class:`~pipeflow.parallel._worker.Snapshotter` change) with the
+    """A worker's *state* (a :class:`~pipeflow.parallel.pools._worker.Snapshotter` change) with the
     states of its objects pickled now, as :class:`Packed`: what it is at this reply, whatever
     the objects do next. The generators' (``"rng"``: merged generator by generator) stay as
     they are (bytes already)."""

@@ -26,7 +26,7 @@ import io
 import pickle
 from typing import Any, NamedTuple
 
-from pipeflow.parallel._shm import _dispatch_table
+from pipeflow.parallel.transport._shm import _dispatch_table
 
 __all__ = ["SMALL", "Packed", "pack", "unpack"]
 

@@ -1,6 +1,6 @@
 """The small protocol both worker pools keep, and what they share.
 
-A pool runs tasks on its workers and hands back :class:`~pipeflow.parallel._wire.Reply`
+A pool runs tasks on its workers and hands back :class:`~pipeflow.parallel.transport._wire.Reply`
 records; the parallel stage's generator (:mod:`pipeflow.parallel._run`) drives it through
 these methods only, whether the workers are threads or processes.
 """
@@ -16,7 +16,7 @@ from itertools import repeat
 from typing import Any, Protocol
 
 from pipeflow.errors import describe_indices
-from pipeflow.parallel._wire import Reply, describe_item
+from pipeflow.parallel.transport._wire import Reply, describe_item
 
 __all__ = ["LIVE", "STOP_GRACE", "InProcessPool", "Pool", "PoolDefaults", "held", "named"]
 
@@ -30,7 +30,7 @@ LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 @atexit.register
 def _close_live_pools() -> None:
-    from pipeflow.parallel._reap import join_all
+    from pipeflow.parallel.pools._reap import join_all
 
     join_all(exiting=True)  # from now on a pool's close() reaps its workers itself
     for pool in list(LIVE):
@@ -38,7 +38,7 @@ def _close_live_pools() -> None:
 
 
 class Pool(Protocol):
-    """Workers that run tasks (see :mod:`pipeflow.parallel._threads` and ``_processes``)."""
+    """Workers that run tasks (see :mod:`pipeflow.parallel.pools._threads` and ``_processes``)."""
 
     name: str
     workers: int

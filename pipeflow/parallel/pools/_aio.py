@@ -6,13 +6,13 @@ runs at most its share and starts the next waiting task as one ends, while the s
 generator (:func:`pipeflow.parallel._run._results`) keeps up to twice ``max_in_flight`` items
 out, so the loops always have the next ones at hand. (With fewer ``max_in_flight`` than
 loops, only that many loops get a share, and items.) :class:`LoopPool` keeps the
-:class:`~pipeflow.parallel._protocol.Pool` protocol; what each loop does is
-:class:`~pipeflow.parallel._aio_worker.LoopRunner`'s. With ``backend="process"`` the same
-runner runs in each worker process of a :class:`~pipeflow.parallel._processes.ProcessPool`
-instead (:func:`~pipeflow.parallel._aio_worker.aio_process_main`).
+:class:`~pipeflow.parallel.pools._protocol.Pool` protocol; what each loop does is
+:class:`~pipeflow.parallel.pools._aio_worker.LoopRunner`'s. With ``backend="process"`` the same
+runner runs in each worker process of a :class:`~pipeflow.parallel.pools._processes.ProcessPool`
+instead (:func:`~pipeflow.parallel.pools._aio_worker.aio_process_main`).
 
 Closing the pool cancels every coroutine in flight, so their ``finally`` blocks run, and
-stops the loops within :data:`~pipeflow.parallel._protocol.STOP_GRACE`.
+stops the loops within :data:`~pipeflow.parallel.pools._protocol.STOP_GRACE`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeflow.parallel._aio_worker import CANCEL_GRACE, LoopRunner
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
-from pipeflow.parallel._wire import Reply, Task, reply, tasks
-from pipeflow.parallel._worker import WorkerSpec
+from pipeflow.parallel.pools._aio_worker import CANCEL_GRACE, LoopRunner
+from pipeflow.parallel.pools._protocol import LIVE, STOP_GRACE, InProcessPool
+from pipeflow.parallel.pools._worker import WorkerSpec
+from pipeflow.parallel.transport._wire import Reply, Task, reply, tasks
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["LoopPool"]

@@ -2,11 +2,12 @@
 
 A worker pickles a result with its numpy arrays (and CPU tensors, viewed as arrays) *out of
 band*. When those buffers are large, it writes them into a segment and sends only the small
-pickle and the segment's name (:class:`~pipeflow.parallel._shm.Writer`); the main process maps the
-file, unlinks it at once (so it can't leak), and rebuilds the arrays as views of the mapping
-(:class:`~pipeflow.parallel._shm.Reader`): no copy through the pipe, and no copy on arrival. Small
-results travel inline. Segments are recycled (see :class:`~pipeflow.parallel._shm.Writer`).
-This module names, creates, sizes and removes the files.
+pickle and the segment's name (:class:`~pipeflow.parallel.transport._shm.Writer`); the main
+process maps the file, unlinks it at once (so it can't leak), and rebuilds the arrays as
+views of the mapping (:class:`~pipeflow.parallel.transport._shm.Reader`): no copy through
+the pipe, and no copy on arrival. Small results travel inline. Segments are recycled (see
+:class:`~pipeflow.parallel.transport._shm.Writer`). This module names, creates, sizes and
+removes the files.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The warm server: a private fork server that prepares itself as a spawn worker would, and the
-``Popen`` that asks it for a worker (see :mod:`pipeflow.parallel._warm`).
+``Popen`` that asks it for a worker (see :mod:`pipeflow.parallel.pools._warm`).
 
 Apart from its server process, which :func:`serve` runs, this is ``multiprocessing.forkserver``
 and ``multiprocessing.popen_forkserver``: the same protocol, the same "alive" pipe (the server
@@ -60,7 +60,8 @@ def new_server(modules: list[str]) -> Any:
                     alive_r, alive_w = os.pipe()
                     try:
                         fds = (listener.fileno(), alive_r)
-                        cmd = "from pipeflow.parallel._zygote import serve; serve(%d, %d, %r, %r)"
+                        cmd = "from pipeflow.parallel.pools._zygote import serve; "
+                        cmd += "serve(%d, %d, %r, %r)"
                         cmd = cmd % (*fds, keep, modules) + "  # pipeflow's warm forkserver"
                         exe = spawn.get_executable()
                         flags = _util._args_from_interpreter_flags()
@@ -134,7 +135,7 @@ def serve(listener_fd: int, alive_r: int, data: dict[str, Any], modules: list[st
             "pipeflow: the main script initialised CUDA when imported: no warm start\n"
         )
         os._exit(3)  # a forked worker could not use CUDA; the pools fall back to plain spawn
-    from pipeflow.parallel._fork import warm_source_cache
+    from pipeflow.parallel.pools._fork import warm_source_cache
 
     warm_source_cache()  # the files torch.manual_seed's stack capture reads, once, here
     for name in ("multiprocessing.spawn", "multiprocessing.forkserver"):

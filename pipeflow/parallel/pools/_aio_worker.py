@@ -2,13 +2,14 @@
 process worker whose loop reads its tasks from the pipe.
 
 One :class:`LoopRunner` lives on each event loop, in a thread of this process
-(:mod:`pipeflow.parallel._aio`) or in a worker process (:func:`aio_process_main`). It starts a
-task for every :class:`~pipeflow.parallel._wire.Task` it is given and hands each outcome on
-when its coroutine finishes, so a loop holds many items at once; the main process bounds how
-many (``max_in_flight``). Tasks of an abandoned pass are cancelled when the next pass's first
-task arrives; stopping cancels every task, so the coroutines' ``finally`` blocks run.
+(:mod:`pipeflow.parallel.pools._aio`) or in a worker process (:func:`aio_process_main`). It
+starts a task for every :class:`~pipeflow.parallel.transport._wire.Task` it is given and
+hands each outcome on when its coroutine finishes, so a loop holds many items at once; the
+main process bounds how many (``max_in_flight``). Tasks of an abandoned pass are cancelled
+when the next pass's first task arrives; stopping cancels every task, so the coroutines'
+``finally`` blocks run.
 
-Like :mod:`pipeflow.parallel._worker`, this module keeps to the standard library (plus what
+Like :mod:`pipeflow.parallel.pools._worker`, this module keeps to the standard library (plus what
 the user's job brings), so a spawned worker imports torch only when the user's code does.
 """
 
@@ -28,16 +29,23 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeflow.errors import annotate
-from pipeflow.parallel import _segments
-from pipeflow.parallel._fork import Pickled
-from pipeflow.parallel._shm import Writer
-from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, describe_item, remote_error
-from pipeflow.parallel._worker import (
+from pipeflow.parallel.pools._fork import Pickled
+from pipeflow.parallel.pools._worker import (
     MapJob,
     WorkerSpec,
     _tell_torch,
     _wait_for_stop,
     start_process_worker,
+)
+from pipeflow.parallel.transport import _segments
+from pipeflow.parallel.transport._shm import Writer
+from pipeflow.parallel.transport._wire import (
+    Encoded,
+    Reply,
+    Task,
+    Trim,
+    describe_item,
+    remote_error,
 )
 
 __all__ = ["CoroutineJob", "LoopRunner", "aio_process_main"]
@@ -176,7 +184,7 @@ class LoopRunner:
 
 # -- process workers -------------------------------------------------------------------------
 def aio_process_main(conn: Any, spec: WorkerSpec) -> None:
-    """A coroutine worker process: set up as :func:`~pipeflow.parallel._worker.process_main`
+    """A coroutine worker process: set up as :func:`~pipeflow.parallel.pools._worker.process_main`
     does, then run one event loop that reads tasks from the pipe while items are in flight."""
     init = None if spec.worker_init is None else _Init(spec.worker_init)
     started = start_process_worker(conn, spec._replace(worker_init=init), defer_torch=False)

@@ -2,10 +2,11 @@
 
 An actor is a persistent worker: it is made once per worker (and again, as a new life, when
 one dies), holds the job and its ``worker_init``, and runs calls of several items, each a
-:class:`~pipeflow.parallel._wire.Task` of the pass, in the order sent. It answers with a
-:class:`~pipeflow.parallel._wire.Reply` per item, as a process worker does: the result packed
-for the object store (:mod:`._ray_wire`), a failure as a value with its note (stage, sample
-index, actor, pid, node), and what changed in its state for ``state_dict()``.
+:class:`~pipeflow.parallel.transport._wire.Task` of the pass, in the order sent. It answers
+with a :class:`~pipeflow.parallel.transport._wire.Reply` per item, as a process worker does:
+the result packed for the object store (:mod:`._ray_wire`), a failure as a value with its
+note (stage, sample index, actor, pid, node), and what changed in its state for
+``state_dict()``.
 
 This module imports Ray only inside the actor (for where it runs); :mod:`._ray` (the pool)
 makes the actor class with ``ray.remote``.
@@ -19,14 +20,20 @@ import time
 from typing import Any
 
 from pipeflow.errors import annotate
-from pipeflow.parallel._ray_wire import pack
-from pipeflow.parallel._wire import Exhausted, RemoteError, Reply, describe_item, remote_error
-from pipeflow.parallel._worker import (
+from pipeflow.parallel.pools._worker import (
     Snapshotter,
     WorkerSpec,
     _tell_torch,
     restore_worker,
     seed_worker,
+)
+from pipeflow.parallel.ray._ray_wire import pack
+from pipeflow.parallel.transport._wire import (
+    Exhausted,
+    RemoteError,
+    Reply,
+    describe_item,
+    remote_error,
 )
 from pipeflow.worker_info import WorkerInfo, set_process_worker_info
 
@@ -51,7 +58,7 @@ class RayWorker:
     Args:
         work: the pickle (Ray's cloudpickle) of ``(job, worker_init)``, made once by the pool
             and shared by its actors through the object store.
-        spec: the worker's :class:`~pipeflow.parallel._worker.WorkerSpec` (``job`` and
+        spec: the worker's :class:`~pipeflow.parallel.pools._worker.WorkerSpec` (``job`` and
             ``worker_init`` travel in *work*).
     """
 

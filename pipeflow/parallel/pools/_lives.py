@@ -4,7 +4,7 @@ a poison sample.
 
 A new worker takes a dead one's id (and so its seed and its share under round-robin), but
 its shared-memory segments are its own: new file names, and a new key under which the main
-process's :class:`~pipeflow.parallel._shm.Reader` maps them, so that a segment of the dead
+process's :class:`~pipeflow.parallel.transport._shm.Reader` maps them, so that a segment of the dead
 worker that a result still uses is never handed to the new one. What the dead worker left
 (its mappings in the reader, its files in ``/dev/shm``) is cleaned when the next pass starts,
 once no reply of the pass it died in can still be decoded.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeflow.parallel import _segments
-from pipeflow.parallel._protocol import held
+from pipeflow.parallel.pools._protocol import held
+from pipeflow.parallel.transport import _segments
 
 __all__ = ["POISON_DEATHS", "Lives"]
 

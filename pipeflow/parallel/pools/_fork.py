@@ -16,7 +16,7 @@ _WARMED: list[bool] = []
 
 
 def prepared(spec: Any, method: str, name: str) -> Any:
-    """*spec* (a :class:`~pipeflow.parallel._worker.WorkerSpec`) ready for workers of start
+    """*spec* (a :class:`~pipeflow.parallel.pools._worker.WorkerSpec`) ready for workers of start
     *method*. For fork this process is warmed once (numpy's random module, which each worker
     seeds, imported here; the source cache read); otherwise the job and ``worker_init`` are
     pickled once, here (as :class:`Pickled`), so that one that can't be pickled fails before
@@ -169,7 +169,7 @@ def warm_source_cache() -> None:
         "multiprocessing.context",
         "multiprocessing.popen_fork",
         "multiprocessing.process",
-        "pipeflow.parallel._worker",
+        "pipeflow.parallel.pools._worker",
     ):
         path = getattr(sys.modules.get(name), "__file__", None)
         if path:

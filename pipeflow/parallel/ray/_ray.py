@@ -1,16 +1,16 @@
 """Ray actors as a pool's workers (``backend="ray"``): a pipeline's heavy stage on a cluster.
 
-Each worker is an actor (:class:`~pipeflow.parallel._ray_worker.RayWorker`) made when the
-pool is, spread over the cluster's nodes; it holds the job and its ``worker_init`` for the
-pool's life, as a persistent worker process does. Items go to the actors in *calls* of several
-(up to half an actor's share of ``max_in_flight``, so that each actor has a second call queued
-as it ends one), since a call costs up to a millisecond whatever it carries; each call
-answers with one :class:`~pipeflow.parallel._wire.Reply` per item, through Ray's object store
-(:mod:`._ray_wire`).
+Each worker is an actor (:class:`~pipeflow.parallel.ray._ray_worker.RayWorker`) made when
+the pool is, spread over the cluster's nodes; it holds the job and its ``worker_init`` for
+the pool's life, as a persistent worker process does. Items go to the actors in *calls* of
+several (up to half an actor's share of ``max_in_flight``, so that each actor has a second
+call queued as it ends one), since a call costs up to a millisecond whatever it carries;
+each call answers with one :class:`~pipeflow.parallel.transport._wire.Reply` per item,
+through Ray's object store (:mod:`._ray_wire`).
 
 An actor that dies (``ray.kill``, a crash, its node gone) is found when its call fails. Its
 items (those it was sent and had not answered) go to a new actor in its place, with its id and
-seed, within the pass's ``restarts`` (counted as :class:`~pipeflow.parallel._lives.Lives`
+seed, within the pass's ``restarts`` (counted as :class:`~pipeflow.parallel.pools._lives.Lives`
 counts a process pool's); past them, or for a sample at two deaths, the pass ends with a
 :class:`~pipeflow.WorkerDiedError` naming the actor, its pid, its node, Ray's reason and the
 items. Every item is delivered once: a call's replies are taken whole or not at all, and the
@@ -35,13 +35,13 @@ except ModuleNotFoundError:  # pragma: no cover - a stage is refused when built 
     ray = None  # type: ignore[assignment]  # this keeps the module importable (its doctests)
 
 from pipeflow.errors import WorkerDiedError
-from pipeflow.parallel._lives import Lives
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, TakingTurns, held
-from pipeflow.parallel._ray_options import actor_options
-from pipeflow.parallel._ray_wire import unpack
-from pipeflow.parallel._ray_worker import RayWorker, node_words
-from pipeflow.parallel._wire import Reply, raise_remote
-from pipeflow.parallel._worker import WorkerSpec
+from pipeflow.parallel.pools._lives import Lives
+from pipeflow.parallel.pools._protocol import LIVE, STOP_GRACE, TakingTurns, held
+from pipeflow.parallel.pools._worker import WorkerSpec
+from pipeflow.parallel.ray._ray_options import actor_options
+from pipeflow.parallel.ray._ray_wire import unpack
+from pipeflow.parallel.ray._ray_worker import RayWorker, node_words
+from pipeflow.parallel.transport._wire import Reply, raise_remote
 
 __all__ = ["RayPool", "connect", "ray_pool"]
 
@@ -241,7 +241,7 @@ class RayPool(TakingTurns):
         its items fails with the cause, and the pass goes on."""
         if call.pass_id != self.pass_id:
             return []
-        from pipeflow.parallel._wire import remote_error
+        from pipeflow.parallel.transport._wire import remote_error
 
         cause = error.cause if getattr(error, "cause", None) is not None else error
         with contextlib.suppress(Exception):

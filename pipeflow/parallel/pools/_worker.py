@@ -25,10 +25,10 @@ from pipeflow._failure import Failure, WithDropped
 from pipeflow._random import seed_sequence_state
 from pipeflow._stage import Stage, context_after, without_torch
 from pipeflow.errors import StreamNotSplitError, annotate
-from pipeflow.parallel import _segments
-from pipeflow.parallel._fork import Pickled
-from pipeflow.parallel._shm import Writer
-from pipeflow.parallel._wire import (
+from pipeflow.parallel.pools._fork import Pickled
+from pipeflow.parallel.transport import _segments
+from pipeflow.parallel.transport._shm import Writer
+from pipeflow.parallel.transport._wire import (
     Encoded,
     Exhausted,
     PassNote,
@@ -198,7 +198,7 @@ _UNKNOWN = object()
 class SourceJob:
     """Run a whole loader in each worker, one item per task (an ``IterableDataset`` replica).
 
-    Each pass's tasks carry a :class:`~pipeflow.parallel._wire.PassNote` whose key changes
+    Each pass's tasks carry a :class:`~pipeflow.parallel.transport._wire.PassNote` whose key changes
     with the pass: the replica then starts its own pass afresh (a persistent worker's too),
     from where a resumed pass tells it (:meth:`restore`).
     """

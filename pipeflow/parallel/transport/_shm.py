@@ -25,8 +25,14 @@ import sys
 from typing import Any
 
 from pipeflow import _alloc
-from pipeflow.parallel import _segments
-from pipeflow.parallel._segments import ALIGN, INLINE_LIMIT, Segment, capacity, write_segment
+from pipeflow.parallel.transport import _segments
+from pipeflow.parallel.transport._segments import (
+    ALIGN,
+    INLINE_LIMIT,
+    Segment,
+    capacity,
+    write_segment,
+)
 
 __all__ = ["Reader", "Writer"]
 

@@ -13,7 +13,7 @@ import traceback
 from typing import Any, Literal, NamedTuple
 
 from pipeflow.errors import WorkerError, _RemoteTraceback
-from pipeflow.parallel._segments import Segment
+from pipeflow.parallel.transport._segments import Segment
 
 __all__ = [
     "Encoded",
@@ -50,7 +50,7 @@ class Task(NamedTuple):
 
 
 class Encoded(NamedTuple):
-    """A result pickled by :class:`~pipeflow.parallel._shm.Writer` (*piped*: its large
+    """A result pickled by :class:`~pipeflow.parallel.transport._shm.Writer` (*piped*: its large
     buffers came through the pipe, because ``/dev/shm`` was full)."""
 
     data: bytes
@@ -93,7 +93,7 @@ class Reply(NamedTuple):
         payload: as above.
         state: what changed in the worker's state for ``state_dict()`` since its previous
             reply (its dataset's or replica's state, its global generators: see
-            :class:`~pipeflow.parallel._worker.Snapshotter`), or ``None``.
+            :class:`~pipeflow.parallel.pools._worker.Snapshotter`), or ``None``.
     """
 
     pass_id: int | None

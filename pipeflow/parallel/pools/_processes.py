@@ -1,11 +1,12 @@
 """Worker processes, each with its own duplex pipe; results come back through shared memory.
 
 Workers start when first given a task (the first at once, the others when the consumer waits
-anyway, so that a fork never holds back a result that is there), get
-tasks round-robin (torch's order) or by least load, and answer with
-:class:`~pipeflow.parallel._wire.Reply` records whose large buffers travel in shared memory
-(:mod:`pipeflow.parallel._shm`: its ``Writer`` there, its ``Reader`` here). A worker
-that dies is named, with its pid, exit code or signal and the sample indices it held.
+anyway, so that a fork never holds back a result that is there), get tasks round-robin
+(torch's order) or by least load, and answer with
+:class:`~pipeflow.parallel.transport._wire.Reply` records whose large buffers travel in
+shared memory (:mod:`pipeflow.parallel.transport._shm`: its ``Writer`` there, its ``Reader``
+here). A worker that dies is named, with its pid, exit code or signal and the sample indices
+it held.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from typing import Any
 
 from pipeflow._spawning import death_hint, refuse_nested, started_from, stop_if_importing_main
 from pipeflow.errors import WorkerDiedError
-from pipeflow.parallel import _segments
-from pipeflow.parallel._fork import Freeze, prepared
-from pipeflow.parallel._lives import Lives
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, TakingTurns, held
-from pipeflow.parallel._reap import in_background
-from pipeflow.parallel._shm import Reader
-from pipeflow.parallel._wire import Encoded, Reply, Task, Trim, raise_remote
-from pipeflow.parallel._worker import WorkerSpec, process_main
+from pipeflow.parallel.pools._fork import Freeze, prepared
+from pipeflow.parallel.pools._lives import Lives
+from pipeflow.parallel.pools._protocol import LIVE, STOP_GRACE, TakingTurns, held
+from pipeflow.parallel.pools._reap import in_background
+from pipeflow.parallel.pools._worker import WorkerSpec, process_main
+from pipeflow.parallel.transport import _segments
+from pipeflow.parallel.transport._shm import Reader
+from pipeflow.parallel.transport._wire import Encoded, Reply, Task, Trim, raise_remote
 
 __all__ = ["ProcessPool"]
 

@@ -31,7 +31,7 @@ from multiprocessing import process
 from typing import Any
 
 from pipeflow import _checks
-from pipeflow.parallel._fork import Pickled
+from pipeflow.parallel.pools._fork import Pickled
 
 __all__ = ["ENV", "active", "ensure_running", "set_warm_start", "warm_context"]
 
@@ -215,7 +215,7 @@ def _preload(modules: list[str], torch: bool) -> list[str]:
     """What a server imports: what a worker of this process would, or does anyway."""
     names: list[str] = [m for m in ("numpy",) if m in sys.modules]
     names += ["torch"] if torch else []
-    names += ["pipeflow.parallel._worker", *modules]
+    names += ["pipeflow.parallel.pools._worker", *modules]
     return list(dict.fromkeys(n for n in names if n not in ("__main__", "__mp_main__")))
 
 
@@ -295,6 +295,6 @@ def _stop_server(server: Any, wait: float = 0.5) -> None:
 
 
 def _zygote() -> Any:
-    from pipeflow.parallel import _zygote
+    from pipeflow.parallel.pools import _zygote
 
     return _zygote

@@ -15,10 +15,10 @@ from functools import partial
 from typing import Any
 
 from pipeflow.errors import WorkerDiedError, _add_note, annotate, is_annotated
-from pipeflow.parallel._protocol import LIVE, STOP_GRACE, InProcessPool
-from pipeflow.parallel._reap import in_background
-from pipeflow.parallel._wire import Exhausted, Reply, Task, describe_item, tasks
-from pipeflow.parallel._worker import Snapshotter, SourceJob, WorkerSpec, restore_worker
+from pipeflow.parallel.pools._protocol import LIVE, STOP_GRACE, InProcessPool
+from pipeflow.parallel.pools._reap import in_background
+from pipeflow.parallel.pools._worker import Snapshotter, SourceJob, WorkerSpec, restore_worker
+from pipeflow.parallel.transport._wire import Exhausted, Reply, Task, describe_item, tasks
 from pipeflow.worker_info import WorkerInfo, set_thread_worker_info
 
 __all__ = ["DIED", "ThreadPool"]
