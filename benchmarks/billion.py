@@ -69,7 +69,7 @@ def _pipeflow(case: str, n: int, world: int) -> tuple[Any, int]:
     import pipeflow as pf
 
     if case == "stream":
-        from pipeflow._permutation import Permutation
+        from pipeflow.engine._permutation import Permutation
 
         return (lambda: Permutation(n, 0, 0).stream()), n
     if case == "torchgen":  # shuffle(generator="torch"): DistributedSampler's draw, materialised

@@ -20,15 +20,10 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeflow._context import Context
-    from pipeflow._decorate import stage
-    from pipeflow._stage import Source, Stage, Traits
-    from pipeflow.batch import batch, unbatch
-    from pipeflow.bucket import bucket
-    from pipeflow.collate import collate, default_collate, default_convert
-    from pipeflow.dataloader import DataLoader
-    from pipeflow.device import pin_memory, to_device
-    from pipeflow.distributed import shard
+    from pipeflow.engine._context import Context
+    from pipeflow.engine._decorate import stage
+    from pipeflow.engine._stage import Source, Stage, Traits
+    from pipeflow.engine.loader import Loader
     from pipeflow.errors import (
         PipeflowError,
         StageStuckError,
@@ -36,24 +31,29 @@ if TYPE_CHECKING:
         WorkerError,
         WorkerTimeoutError,
     )
-    from pipeflow.fetch import fetch
-    from pipeflow.ignore import ErrorBudgetExceeded, ignore_errors
-    from pipeflow.loader import Loader
-    from pipeflow.mix import mix
-    from pipeflow.pack import pack
-    from pipeflow.pad import Padded
+    from pipeflow.facade.dataloader import DataLoader
+    from pipeflow.facade.stateful_dataloader import StatefulDataLoader
     from pipeflow.parallel import parallel_map, parallel_source
     from pipeflow.parallel.pools._warm import set_warm_start
-    from pipeflow.progress import progress
-    from pipeflow.readers import ShardReadError, read_jsonl, read_parquet, read_tar
     from pipeflow.resume._objects import Stateful
-    from pipeflow.shards import Shard, shards
     from pipeflow.shared import SharedList, shared_list
-    from pipeflow.shuffle import shuffle
-    from pipeflow.sources import from_iterable, from_sampler, indices
-    from pipeflow.stateful_dataloader import StatefulDataLoader
+    from pipeflow.sources._basic import from_iterable, from_sampler, indices
+    from pipeflow.sources.mix import mix
+    from pipeflow.sources.readers import ShardReadError, read_jsonl, read_parquet, read_tar
+    from pipeflow.sources.shards import Shard, shards
+    from pipeflow.stages.batch import batch, unbatch
+    from pipeflow.stages.bucket import bucket
+    from pipeflow.stages.collate import collate, default_collate, default_convert
+    from pipeflow.stages.device import pin_memory, to_device
+    from pipeflow.stages.distributed import shard
+    from pipeflow.stages.fetch import fetch
+    from pipeflow.stages.ignore import ErrorBudgetExceeded, ignore_errors
+    from pipeflow.stages.pack import pack
+    from pipeflow.stages.pad import Padded
+    from pipeflow.stages.progress import progress
+    from pipeflow.stages.shuffle import shuffle
+    from pipeflow.stages.transforms import filter, map, random_map
     from pipeflow.stats import StageStats, Stats
-    from pipeflow.transforms import filter, map, random_map
     from pipeflow.worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
@@ -117,58 +117,58 @@ __all__ = [
 #: Where each public name is defined. A name's module is imported when the name is first
 #: used, so a process that needs a few stages (a spawn worker) imports only their modules.
 _WHERE = {
-    "Context": "pipeflow._context",
-    "DataLoader": "pipeflow.dataloader",
-    "ErrorBudgetExceeded": "pipeflow.ignore",
-    "Loader": "pipeflow.loader",
-    "Padded": "pipeflow.pad",
+    "Context": "pipeflow.engine._context",
+    "DataLoader": "pipeflow.facade.dataloader",
+    "ErrorBudgetExceeded": "pipeflow.stages.ignore",
+    "Loader": "pipeflow.engine.loader",
+    "Padded": "pipeflow.stages.pad",
     "PipeflowError": "pipeflow.errors",
-    "Shard": "pipeflow.shards",
-    "ShardReadError": "pipeflow.readers",
+    "Shard": "pipeflow.sources.shards",
+    "ShardReadError": "pipeflow.sources.readers",
     "SharedList": "pipeflow.shared",
-    "Source": "pipeflow._stage",
-    "Stage": "pipeflow._stage",
+    "Source": "pipeflow.engine._stage",
+    "Stage": "pipeflow.engine._stage",
     "StageStats": "pipeflow.stats",
     "StageStuckError": "pipeflow.errors",
     "Stateful": "pipeflow.resume._objects",
-    "StatefulDataLoader": "pipeflow.stateful_dataloader",
+    "StatefulDataLoader": "pipeflow.facade.stateful_dataloader",
     "Stats": "pipeflow.stats",
-    "Traits": "pipeflow._stage",
+    "Traits": "pipeflow.engine._stage",
     "WorkerDiedError": "pipeflow.errors",
     "WorkerError": "pipeflow.errors",
     "WorkerInfo": "pipeflow.worker_info",
     "WorkerTimeoutError": "pipeflow.errors",
-    "batch": "pipeflow.batch",
-    "bucket": "pipeflow.bucket",
-    "collate": "pipeflow.collate",
-    "default_collate": "pipeflow.collate",
-    "default_convert": "pipeflow.collate",
-    "fetch": "pipeflow.fetch",
-    "filter": "pipeflow.transforms",
-    "from_iterable": "pipeflow.sources",
-    "from_sampler": "pipeflow.sources",
+    "batch": "pipeflow.stages.batch",
+    "bucket": "pipeflow.stages.bucket",
+    "collate": "pipeflow.stages.collate",
+    "default_collate": "pipeflow.stages.collate",
+    "default_convert": "pipeflow.stages.collate",
+    "fetch": "pipeflow.stages.fetch",
+    "filter": "pipeflow.stages.transforms",
+    "from_iterable": "pipeflow.sources._basic",
+    "from_sampler": "pipeflow.sources._basic",
     "get_worker_info": "pipeflow.worker_info",
-    "ignore_errors": "pipeflow.ignore",
-    "indices": "pipeflow.sources",
-    "map": "pipeflow.transforms",
-    "mix": "pipeflow.mix",
-    "pack": "pipeflow.pack",
+    "ignore_errors": "pipeflow.stages.ignore",
+    "indices": "pipeflow.sources._basic",
+    "map": "pipeflow.stages.transforms",
+    "mix": "pipeflow.sources.mix",
+    "pack": "pipeflow.stages.pack",
     "parallel_map": "pipeflow.parallel._map",
     "parallel_source": "pipeflow.parallel._source",
-    "pin_memory": "pipeflow.device",
-    "progress": "pipeflow.progress",
-    "random_map": "pipeflow.transforms",
-    "read_jsonl": "pipeflow.readers",
-    "read_parquet": "pipeflow.readers",
-    "read_tar": "pipeflow.readers",
+    "pin_memory": "pipeflow.stages.device",
+    "progress": "pipeflow.stages.progress",
+    "random_map": "pipeflow.stages.transforms",
+    "read_jsonl": "pipeflow.sources.readers",
+    "read_parquet": "pipeflow.sources.readers",
+    "read_tar": "pipeflow.sources.readers",
     "set_warm_start": "pipeflow.parallel.pools._warm",
-    "shard": "pipeflow.distributed",
-    "shards": "pipeflow.shards",
+    "shard": "pipeflow.stages.distributed",
+    "shards": "pipeflow.sources.shards",
     "shared_list": "pipeflow.shared",
-    "shuffle": "pipeflow.shuffle",
-    "stage": "pipeflow._decorate",
-    "to_device": "pipeflow.device",
-    "unbatch": "pipeflow.batch",
+    "shuffle": "pipeflow.stages.shuffle",
+    "stage": "pipeflow.engine._decorate",
+    "to_device": "pipeflow.stages.device",
+    "unbatch": "pipeflow.stages.batch",
 }
 
 #: Functions left as they are (not given keyword hints): called once per batch, and
@@ -200,7 +200,7 @@ def __dir__() -> list[str]:
 
 class _Package(types.ModuleType):
     """The ``pipeflow`` module: importing a submodule that shares a public name's spelling
-    (``pipeflow.batch``) leaves ``pf.batch`` the function, as it is when imported eagerly."""
+    (``pipeflow.stages.batch``) leaves ``pf.batch`` the function, as it is when imported eagerly."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _WHERE and isinstance(value, types.ModuleType):

@@ -127,7 +127,11 @@ def operand_error(left: Any, right: Any, *, stranger: str = "right") -> TypeErro
 #: pipeflow's public classes that meet ``|``, by module (told by name: this module is imported
 #: by theirs).
 _KINDS = frozenset(
-    {("pipeflow._stage", "Stage"), ("pipeflow.loader", "Loader"), ("pipeflow._stage", "Source")}
+    {
+        ("pipeflow.engine._stage", "Stage"),
+        ("pipeflow.engine.loader", "Loader"),
+        ("pipeflow.engine._stage", "Source"),
+    }
 )
 
 
@@ -316,7 +320,7 @@ def _users(value: Any) -> bool:
 
 
 #: Where the consumer's ``next()`` passes through pipeflow before the check (not a consumer).
-_RUNNER = frozenset({"pipeflow._hints", "pipeflow._wrappers", "pipeflow.loader"})
+_RUNNER = frozenset({"pipeflow._hints", "pipeflow.engine._wrappers", "pipeflow.engine.loader"})
 
 
 def warn_unread(source: Any, item: Any) -> bool:

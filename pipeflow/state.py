@@ -53,7 +53,7 @@ Each stage declares how its first ``k`` outputs are skipped, once, when it is bu
 
 Besides, the user's stateful objects (a dataset, sampler or iterable with ``state_dict()``)
 are saved where the consumer stood (:mod:`pipeflow.resume._objects`), and so are a parallel stage's
-workers' states (:mod:`pipeflow.resume._records`).
+workers' states (:mod:`pipeflow.parallel._records`).
 
 A state saved after the last item of an epoch, before the pass ended, resumes to an empty rest
 of that epoch, then the next epoch; a state saved after the pass ended is the next epoch's

@@ -1,9 +1,10 @@
 """See inside a loader: per-stage counts and times, the consumer's wait, and the bottleneck.
 
 Every loader records these as it runs: every item is counted; slow items (batches) are all
-timed, and of fast ones (indices) about one in 64 (see :class:`pipeflow._wrappers.Meter`), so the
-cost is nothing measurable. ``loader.stats()`` returns a :class:`Stats`: plain data, whose
-``str()`` is a table that names the bottleneck and what to try.
+timed, and of fast ones (indices) about one in 64 (see
+:class:`pipeflow.engine._wrappers.Meter`), so the cost is nothing measurable.
+``loader.stats()`` returns a :class:`Stats`: plain data, whose ``str()`` is a table that
+names the bottleneck and what to try.
 
 How times are measured: each stage's iterator is timed from the moment the stage below asks
 it for an item until it hands one over. That span includes the time it spent waiting for its
@@ -78,7 +79,7 @@ class StageRecord:
         # they made, and its padded size
         self.real_tokens = 0
         self.padded_tokens = 0
-        # a source read unwatched (pipeflow._plan's direct link): its iterator, and its
+        # a source read unwatched (pipeflow.engine._plan's direct link): its iterator, and its
         # length when it was registered
         self.taken: tuple[Any, int] | None = None
 
@@ -504,7 +505,7 @@ def diagnose(
 
        a. a single-threaded stage is the bottleneck: run it in ``pf.parallel_map`` (or, for
           a parallel stage with ``workers=0``, give it workers). A computed source (see
-          :mod:`pipeflow._plan`) runs no user code: it is looked at only when it is the
+          :mod:`pipeflow.engine._plan`) runs no user code: it is looked at only when it is the
           only row, and then the rest is light;
        b. a parallel stage whose workers are busy ``BUSY_WORKERS`` (80 %) of the time or more
           is the bottleneck: more workers, or threads;
@@ -530,7 +531,7 @@ def diagnose(
             f"{_pct(CONSUMER_WAIT_LIMIT)}): the loader keeps up, and the model's step sets the pace"
         )
     waited = f"the training loop waited {_pct(wait_fraction)} of the time"
-    # A computed source (pipeflow._plan) runs no user code: it is looked at only when alone.
+    # A computed source (pipeflow.engine._plan) runs no user code: it is looked at only when alone.
     candidates = [s for s in stages if not _computed(s)] or stages
     slowest = max(candidates, key=lambda s: s.own_seconds)
     if slowest.workers is None or slowest.worker_busy is None:
@@ -555,7 +556,7 @@ def diagnose(
 
 
 def _computed(stage: StageStats) -> bool:
-    """Whether *stage* is a source the loader computes (see :mod:`pipeflow._plan`)."""
+    """Whether *stage* is a source the loader computes (see :mod:`pipeflow.engine._plan`)."""
     return stage.name.endswith(" (computed)")
 
 

@@ -1,4 +1,4 @@
-"""batch.py: batch and unbatch — sizes, order, lengths, laziness, batches cut from positions."""
+"""stages/batch.py: batch and unbatch — sizes, order, lengths, laziness, batches cut from positions."""
 
 from __future__ import annotations
 

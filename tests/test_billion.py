@@ -23,7 +23,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow._permutation import Permutation
+from pipeflow.engine._permutation import Permutation
 from tests.strategies import epochs, lengths, seeds
 
 ROOT = Path(__file__).resolve().parent.parent

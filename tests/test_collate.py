@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import pipeflow as pf
-from pipeflow.collate import default_collate, default_convert
+from pipeflow.stages.collate import default_collate, default_convert
 
-pf_collate = importlib.import_module("pipeflow._collate_torch")  # where default_collate lives
+pf_collate = importlib.import_module(
+    "pipeflow.stages._collate_torch"
+)  # where default_collate lives
 
 torch_collate = torch.utils.data.default_collate
 torch_convert = torch.utils.data.default_convert
@@ -605,7 +607,7 @@ def test_in_a_dataloader_worker_process() -> None:
 def test_import_does_not_import_torch() -> None:
     root = Path(pf_collate.__file__).parents[1]
     code = (
-        "import sys, pipeflow.collate\n"
+        "import sys, pipeflow.stages.collate\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
     )
     env = {

@@ -1,4 +1,4 @@
-"""_decorate.py: ``@pf.stage`` — factories from generator functions, checked arguments, the epoch."""
+"""engine/_decorate.py: ``@pf.stage`` — factories from generator functions, checked arguments, the epoch."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 
 import pipeflow as pf
-from pipeflow._pending import Pending, collate_pending
 from pipeflow.parallel.transport._shm import Reader, Writer
+from pipeflow.stages._pending import Pending, collate_pending
 from tests.light import TorchFree
 from tests.test_collate import COLLATE_EXAMPLES, assert_same, batches, outcome
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import pipeflow as pf
-from pipeflow import device as device_module
-from pipeflow._failure import Failure
+from pipeflow.engine._failure import Failure
+from pipeflow.stages import device as device_module
 
 Pair = namedtuple("Pair", ["x", "y"])
 HAS_CUDA = torch.cuda.is_available()

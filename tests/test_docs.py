@@ -65,7 +65,7 @@ from typing import Any
 import pytest
 
 import pipeflow as pf
-from pipeflow import device as pf_device
+from pipeflow.stages import device as pf_device
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

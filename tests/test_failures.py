@@ -165,7 +165,7 @@ class _Raising:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_iterator_raising_on_every_next_ends_the_pass(workers: int) -> None:
-    from pipeflow._wrappers import _STUCK
+    from pipeflow.engine._wrappers import _STUCK
 
     loader = pf.from_iterable(AlwaysRaising(5)) | pf.batch(2)
     if workers:  # each worker a replica of the stream, as torch runs an IterableDataset

@@ -1,4 +1,4 @@
-"""fetch.py: fetch — what a failed load says (the sample index, the batch, a lying ``len``)."""
+"""stages/fetch.py: fetch — what a failed load says (the sample index, the batch, a lying ``len``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ignore.py: ignore_errors — drops failed samples or batches within a budget, counts and logs
+"""stages/ignore.py: ignore_errors — drops failed samples or batches within a budget, counts and logs
 them, and resumes exactly."""
 
 from __future__ import annotations

@@ -54,9 +54,9 @@ def test_every_public_name_resolves_and_stays_the_same_object() -> None:
 
 @pytest.mark.slow
 def test_a_submodule_imported_first_leaves_the_public_name_the_function() -> None:
-    """``import pipeflow.batch`` binds the module on the package; pf.batch stays the stage."""
+    """``import pipeflow.stages.batch`` binds the module on the package; pf.batch stays the stage."""
     out = _run(
-        "import pipeflow.batch, pipeflow.shuffle, pipeflow.fetch, pipeflow.shards\n"
+        "import pipeflow.stages.batch, pipeflow.stages.shuffle, pipeflow.stages.fetch, pipeflow.sources.shards\n"
         "import pipeflow as pf\n"
         "print([type(getattr(pf, n)).__name__ for n in ('batch', 'shuffle', 'fetch', 'shards')])\n"
         "print(list(pf.indices(5) | pf.batch(2)))\n"
@@ -82,7 +82,12 @@ def test_a_spawn_worker_imports_only_what_its_task_needs() -> None:
     )
     modules = ast.literal_eval(out)
     assert "pipeflow.parallel.pools._worker" in modules
-    for heavy in ("pipeflow.readers", "pipeflow.shards", "pipeflow.batch", "asyncio"):
+    for heavy in (
+        "pipeflow.sources.readers",
+        "pipeflow.sources.shards",
+        "pipeflow.stages.batch",
+        "asyncio",
+    ):
         assert heavy not in modules, modules
 
 

@@ -194,10 +194,49 @@ def test_no_function_is_over_50_lines_of_code() -> None:
 def test_collate_never_imports_the_parallel_package() -> None:
     edges = graph()
     seen: set[str] = set()
-    todo = ["pipeflow.collate"]
+    todo = ["pipeflow.stages.collate"]
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
             todo.extend(edges[m])
     assert not {m for m in seen if m.startswith("pipeflow.parallel")}
+
+
+# -- the rooms: packages by concern (tools/rooms.py) -------------------------------------------
+def _rooms_tool():  # type: ignore[no-untyped-def]
+    import importlib.util
+    import sys
+
+    path = PACKAGE.parent / "tools" / "rooms.py"
+    spec = importlib.util.spec_from_file_location("pipeflow_rooms_tool", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_room_stands_above_the_rooms_it_imports() -> None:
+    tool = _rooms_tool()
+    rooms, edges, which = tool.read()
+    assert {r.name for r in rooms if r.modules} == {name for name, _ in tool.ROOMS}
+    assert tool.upward(edges) == [], {e: sorted(which[e]) for e in tool.upward(edges)}
+
+
+def test_the_rooms_checker_finds_an_upward_import() -> None:
+    from collections import Counter
+
+    tool = _rooms_tool()
+    assert tool.upward(Counter({("engine", "stages"): 1, ("stages", "engine"): 3})) == [
+        ("engine", "stages")
+    ]
+
+
+def test_the_design_page_picture_is_the_one_this_code_draws() -> None:
+    tool = _rooms_tool()
+    rooms, edges, _ = tool.read()
+    drawn = (PACKAGE.parent / "docs" / "concepts" / "rooms.svg").read_text(encoding="utf-8")
+    assert drawn == tool.svg(rooms, edges), (
+        "redraw it: python tools/rooms.py --svg docs/concepts/rooms.svg"
+    )

@@ -1,4 +1,4 @@
-"""loader.py: the Loader — its epoch, laziness, length, pickling, and closing what its stages
+"""engine/loader.py: the Loader — its epoch, laziness, length, pickling, and closing what its stages
 started."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow import _collate_torch as pf_collate
-from pipeflow._stage import without_torch
+from pipeflow.engine._stage import without_torch
 from tests.strategies import ragged_lengths
 from tests.test_shm import BIG, Link
 
@@ -153,7 +153,7 @@ def test_in_a_process_worker_a_padded_batch_is_made_in_the_segment_it_travels_in
 
 def test_in_a_torch_dataloader_worker_the_batch_is_in_torch_shared_memory(monkeypatch) -> None:
     monkeypatch.setattr(pf_collate, "_in_worker", lambda: True)
-    monkeypatch.setattr("pipeflow.pad._in_worker", lambda: True)
+    monkeypatch.setattr("pipeflow.stages.pad._in_worker", lambda: True)
     got = collate([np.ones(3, np.float32), np.ones(1, np.float32)], pad=0.0, lengths=True)
     assert got.values.is_shared() and got.lengths.is_shared()
 

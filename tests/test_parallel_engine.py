@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeflow._context import Context, Hooks
-from pipeflow._failure import Failure
+from pipeflow.engine._context import Context, Hooks
+from pipeflow.engine._failure import Failure
 from pipeflow.parallel._kept import Kept
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pipeflow._permutation import ROUNDS, Permutation, round_keys
 from pipeflow._random import SHUFFLE, seed_words
+from pipeflow.engine._permutation import ROUNDS, Permutation, round_keys
 from tests.strategies import epochs, seeds
 
 # Sizes where a bijection built on bits goes wrong first: tiny ones, primes, powers of two

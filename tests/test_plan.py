@@ -1,4 +1,4 @@
-"""The planning step (``pipeflow/_plan.py``): what it computes equals what running gives,
+"""The planning step (``pipeflow/engine/_plan.py``): what it computes equals what running gives,
 it resumes exactly, and every row of ``stats()`` counts the items that passed it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow._plan import Computed, Positions
+from pipeflow.engine._plan import Computed, Positions
 from tests.strategies import batch_sizes, seeds
 
 

@@ -1,4 +1,4 @@
-"""progress.py: pf.progress() — silent off a terminal, a bar when forced, checked arguments."""
+"""stages/progress.py: pf.progress() — silent off a terminal, a bar when forced, checked arguments."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow.shards import split
+from pipeflow.sources.shards import split
 from tests._shards import ident, sample_id, stream_loader, write_shards
 
 KINDS = ["tar", "jsonl", "parquet"]

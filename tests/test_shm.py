@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow import _alloc
 from pipeflow.parallel import _kept
 from pipeflow.parallel.transport import _segments
 from pipeflow.parallel.transport._shm import Reader, Writer
+from pipeflow.stages import _alloc
 from tests.conftest import children
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
@@ -357,7 +357,7 @@ def big_array(i: int) -> np.ndarray:
 FILL_THEN_REUSE = """
 import sys, os, gc
 import numpy as np
-from pipeflow import _alloc
+from pipeflow.stages import _alloc
 from pipeflow.parallel.transport import _segments
 from pipeflow.parallel.transport._shm import Reader
 from pipeflow.parallel.transport._shm import Writer

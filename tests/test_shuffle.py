@@ -1,4 +1,4 @@
-"""shuffle.py: full and buffered shuffles — reproducible from seed and epoch, pinned orders."""
+"""stages/shuffle.py: full and buffered shuffles — reproducible from seed and epoch, pinned orders."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_shuffle_permutation_golden() -> None:
     assert list(items) == [f"x{i}" for i in GOLDEN_42[0]]  # read, then the same order
 
 
-# shuffle(seed=42) over range(10): the keyed bijection of pipeflow._permutation (issue 16;
+# shuffle(seed=42) over range(10): the keyed bijection of pipeflow.engine._permutation (issue 16;
 # numpy's Generator.permutation before). Pinned since.
 GOLDEN_42 = {
     0: [1, 8, 5, 3, 9, 6, 2, 7, 4, 0],

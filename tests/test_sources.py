@@ -1,4 +1,4 @@
-"""sources.py: indices, from_sampler and from_iterable — what they accept, epochs, one-shot input."""
+"""sources/_basic.py: indices, from_sampler and from_iterable — what they accept, epochs, one-shot input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""_stage.py: Stage and ``|`` — composition, what ``|`` refuses, and every stage's recipe
+"""engine/_stage.py: Stage and ``|`` — composition, what ``|`` refuses, and every stage's recipe
 (eager checks, pickling, repr, immutability)."""
 
 from __future__ import annotations

@@ -316,7 +316,7 @@ def test_an_error_in_a_resumed_pass_says_the_samples_came_before_it(tmp_path: An
 
 def test_a_file_that_fails_to_read_is_a_shard_error(tmp_path: Any, monkeypatch: Any) -> None:
     paths = _shards(str(tmp_path), count=2)
-    from pipeflow.readers import _bytes
+    from pipeflow.sources.readers import _bytes
 
     real = _bytes._LocalStream.read
 

@@ -1,4 +1,4 @@
-"""transforms.py: map, filter and random_map — what a failed ``map`` says."""
+"""stages/transforms.py: map, filter and random_map — what a failed ``map`` says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What runs around each stage in a pass (``pipeflow/_wrappers.py``): the error wrapper and
+"""What runs around each stage in a pass (``pipeflow/engine/_wrappers.py``): the error wrapper and
 its meter (counts and sampled times), resume cuts, and the consumer's iterator."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import pipeflow as pf
-from pipeflow._failure import Failure
-from pipeflow._wrappers import Meter, Pass, Route, cut, guarded, remembering
+from pipeflow.engine._failure import Failure
+from pipeflow.engine._wrappers import Meter, Pass, Route, cut, guarded, remembering
 from pipeflow.errors import StageStuckError
 from pipeflow.stats import StageRecord
 

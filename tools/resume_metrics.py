@@ -40,7 +40,7 @@ Vocabulary:
 2. Resume method names: the resume names that some module still defines (``def``, a class
    attribute, a ``self.`` attribute, a ``__slots__`` entry) or uses.
 3. Members on ``Stage``: the distinct public names (no leading ``_``) that class ``Stage`` in
-   ``_stage.py`` defines in its body: methods, properties, class attributes.
+   ``engine/_stage.py`` defines in its body: methods, properties, class attributes.
 4. ``apply`` overrides for resume: methods ``apply`` of ``Stage`` subclasses (found by base
    name, transitively) that reach the resume fields of ``Hooks`` (``record``, ``saved``,
    ``history``, ``resume``), themselves or through a package function they hand ``hooks`` to
@@ -124,15 +124,15 @@ CORE = (
     "_restarts.py",
     "_objects.py",
     "_seeds.py",
-    "_facade_state.py",
+    "facade/_facade_state.py",
     "parallel/_records.py",
     "parallel/_states.py",
-    "readers/_versions.py",
+    "sources/readers/_versions.py",
 )
 #: Units that are resume code by reading, though no name says so (metric 7; module: names).
 READ_UNITS = {
     "parallel/pools/_worker.py": ("Snapshotter", "Tracker", "restore_worker"),
-    "_wrappers.py": ("cut",),
+    "engine/_wrappers.py": ("cut",),
 }
 #: The fields of ``Hooks`` that carry resumption (``stats`` and ``resources`` do not).
 HOOK_FIELDS = frozenset({"record", "saved", "history", "resume"})
@@ -391,7 +391,7 @@ def candidates(modules: dict[str, Module]) -> list[str]:
 
 # -- metric 3: Stage ---------------------------------------------------------------------------
 def stage_members(modules: dict[str, Module]) -> list[str]:
-    mod = modules.get("_stage.py")
+    mod = modules.get("engine/_stage.py")
     cls = next((c for c in (mod.classes if mod else []) if c.qualname == "Stage"), None)
     if cls is None:
         return []

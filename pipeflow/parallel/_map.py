@@ -7,13 +7,13 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pipeflow._context import Context, Hooks
 from pipeflow._coroutines import is_coroutine_function, refuse
-from pipeflow._stage import Stage, Traits, _short
+from pipeflow.engine._context import Context, Hooks
+from pipeflow.engine._stage import Stage, Traits, _short
+from pipeflow.parallel._records import MapRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel.pools._worker import MapJob
-from pipeflow.resume._records import MapRecord
 from pipeflow.resume.state import Rule
 
 __all__ = ["ParallelMap", "parallel_map"]

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
-from pipeflow._context import Context, Hooks
-from pipeflow._failure import Failure, WithDropped, ended
+from pipeflow.engine._context import Context, Hooks
+from pipeflow.engine._failure import Failure, WithDropped, ended
 from pipeflow.errors import WorkerDiedError, WorkerTimeoutError, _add_note
 from pipeflow.parallel._kept import Kept, make_pool
 from pipeflow.parallel._settings import Settings
@@ -33,7 +33,7 @@ from pipeflow.parallel.transport._wire import Exhausted, PassNote, Reply, descri
 from pipeflow.resume.state import numbered, recording
 
 if TYPE_CHECKING:
-    from pipeflow.resume._records import MapRecord, SourceRecord
+    from pipeflow.parallel._records import MapRecord, SourceRecord
 
 __all__ = ["run_parallel"]
 
@@ -312,7 +312,7 @@ def _delivered(
     states: Any = None,
 ) -> Iterator[Any]:
     """Each reply's result, one at a time; a failed item's is its
-    :class:`~pipeflow._failure.Failure`, and the next item goes on. Unordered, the numbers of
+    :class:`~pipeflow.engine._failure.Failure`, and the next item goes on. Unordered, the numbers of
     the items delivered go to *order* as each goes out; *states* notes, before each reply's
     results go out, what changed in its worker's state (every reply, for a source: which
     worker made them; see :mod:`pipeflow.resume._states`).

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeflow import _checks
-from pipeflow._context import Context
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
+from pipeflow.engine._context import Context
 from pipeflow.parallel.ray._ray_options import check_ray_options
 from pipeflow.resume._rngs import KINDS
 from pipeflow.resume._seeds import WORKERS_SLOT, Seeded
@@ -127,7 +127,7 @@ class Settings(Seeded):
 
     def describe(self, name: str, first: str) -> str:
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""
-        from pipeflow._stage import _short
+        from pipeflow.engine._stage import _short
 
         shown = [first, f"workers={self.workers}", f"backend={self.backend!r}"]
         for key, default in _DEFAULTS.items():

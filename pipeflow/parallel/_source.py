@@ -7,13 +7,13 @@ from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 from typing import Any, TypeVar
 
-from pipeflow._context import Context, Hooks
-from pipeflow.loader import Loader, Source
+from pipeflow.engine._context import Context, Hooks
+from pipeflow.engine.loader import Loader, Source
+from pipeflow.parallel._records import SourceRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
 from pipeflow.parallel.pools._worker import SourceJob
 from pipeflow.parallel.transport._wire import PassNote
-from pipeflow.resume._records import SourceRecord
 from pipeflow.resume.state import Rule
 
 __all__ = ["parallel_source"]
@@ -111,7 +111,7 @@ def _naming_positions(
 def stream_position(loader: Loader[Any], replica: Any) -> str:
     """Where a worker's replica stands, in the words of its readers' records: "4 samples of
     'train-0003.tar' (its sample 4 next at byte 8192)", or ``""`` when no reader says."""
-    from pipeflow.shards import relative_names
+    from pipeflow.sources.shards import relative_names
 
     kept = replica.get("stages") if isinstance(replica, dict) else None
     urls = getattr(loader.source, "urls", None)
@@ -144,8 +144,8 @@ def _even_batches(loader: Loader[Any], workers: int, *, when_built: bool) -> Non
     rank, so ranks would make different numbers of batches and DDP would wait forever on the
     rank that runs out first. Checked when built where the world size is given, else as
     each pass starts (when torch.distributed or ``WORLD_SIZE`` tell it)."""
-    from pipeflow.distributed import rank_and_world_size
-    from pipeflow.shards import _Shards
+    from pipeflow.sources.shards import _Shards
+    from pipeflow.stages.distributed import rank_and_world_size
 
     source = loader.source
     grouping = [s.name for s in loader.stages if getattr(s, "name", None) in _GROUPING]
@@ -172,7 +172,7 @@ def _even_batches(loader: Loader[Any], workers: int, *, when_built: bool) -> Non
 def _split_once(loader: Loader[Any]) -> None:
     """Refuse a loader with two ``shard`` stages: in a worker, each would take a worker's
     share of what the one before kept."""
-    from pipeflow.distributed import is_shard
+    from pipeflow.stages.distributed import is_shard
 
     shards = [s for s in loader.stages if is_shard(s)]
     if len(shards) > 1:

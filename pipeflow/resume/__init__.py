@@ -13,10 +13,13 @@ declared once (:class:`~pipeflow.state.Form`) and checked by one validator
 - ``_objects``: the user's stateful objects' snapshots;
 - ``_restarts``: the record of the stages with a bounded buffer, which restart where it was
   last empty;
-- ``_rngs``, ``_states``, ``_records``: a worker's global generators, the workers' states,
-  and the records of ``parallel_map`` and ``parallel_source``.
+- ``_rngs``, ``_states``: a worker's global generators, and the workers' states by the items
+  they delivered.
 
-What it may import: the ground floor (``_random``, ``_context``) and, for the records that
-read a stage's configuration, the stage protocol (``_stage``); never the runner, the loader
-or the parallel pools, which import it (see the design page's floors).
+The records of the stages that keep one live with their stage (a buffer shuffle's in
+``stages/shuffle``, a reader's in ``sources/readers/_reader``, the parallel stages' in
+``parallel/_records``): each declares its form here, and is checked here.
+
+It imports only the ground floor (``_random``); every other room imports it (see the design
+page's rooms).
 """

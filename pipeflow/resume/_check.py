@@ -369,7 +369,8 @@ def verify_data(
     source: Any, stages: Sequence[Any], records: dict[int, Any], where: str = "state['stages']"
 ) -> None:
     """Refuse checked records whose data changed since the state was taken: each stage that
-    can tell (a reader: the shard it stopped in, :mod:`pipeflow.readers._versions`) looks."""
+    can tell (a reader: the shard it stopped in, :mod:`pipeflow.sources.readers._versions`)
+    looks."""
     for i, record in records.items():
         verify = stages[i].resume.verify
         if verify is not None and isinstance(record, dict):

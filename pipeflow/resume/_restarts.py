@@ -21,7 +21,6 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeflow._context import Context
 from pipeflow.resume.state import Form, Int, Record, Rule
 
 __all__ = ["RESTARTS", "Clean", "Restarts", "drive", "restarting"]
@@ -72,7 +71,7 @@ class Restarts(Record):
     )
 
     @classmethod
-    def begin(cls, stage: Any, context: Context, saved: dict[str, Any] | None) -> Restarts:
+    def begin(cls, stage: Any, context: Any, saved: dict[str, Any] | None) -> Restarts:
         return cls(context.offset, context.start)
 
     def __init__(self, offset: int, start: int) -> None:
@@ -119,7 +118,7 @@ def restarting(maker: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[An
     def made(
         items: Iterable[Any],
         *,
-        context: Context,
+        context: Any,
         stats: Any,
         record: Restarts | None,
         **config: Any,

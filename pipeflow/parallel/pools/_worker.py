@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from pipeflow._context import Context
-from pipeflow._failure import Failure, WithDropped
 from pipeflow._random import seed_sequence_state
-from pipeflow._stage import Stage, context_after, without_torch
+from pipeflow.engine._context import Context
+from pipeflow.engine._failure import Failure, WithDropped
+from pipeflow.engine._stage import Stage, context_after, without_torch
 from pipeflow.errors import StreamNotSplitError, annotate
 from pipeflow.parallel.pools._fork import Pickled
 from pipeflow.parallel.transport import _segments
@@ -297,7 +297,7 @@ def _split_in_threads(loader: Any, dataset: Any, name: str) -> None:
     iterable = getattr(torch_data, "IterableDataset", None)
     if iterable is None or not isinstance(dataset, iterable) or split_reads():
         return
-    from pipeflow.distributed import is_shard
+    from pipeflow.stages.distributed import is_shard
 
     if any(is_shard(s) for s in loader.stages):
         return

@@ -24,7 +24,6 @@ import pickle
 import sys
 from typing import Any
 
-from pipeflow import _alloc
 from pipeflow.parallel.transport import _segments
 from pipeflow.parallel.transport._segments import (
     ALIGN,
@@ -33,6 +32,7 @@ from pipeflow.parallel.transport._segments import (
     capacity,
     write_segment,
 )
+from pipeflow.stages import _alloc
 
 __all__ = ["Reader", "Writer"]
 
@@ -95,7 +95,8 @@ class Writer:
         self.cursor = 0  # bytes of it handed out
 
     def activate(self) -> None:
-        """Make :func:`pipeflow._alloc.empty` hand out this writer's memory, in this thread."""
+        """Make :func:`pipeflow.stages._alloc.empty` hand out this writer's memory, in this
+        thread."""
         _alloc.install(self.empty)
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
