@@ -24,6 +24,7 @@ from pipeflow.resume._seeds import is_workers, replaced
 from pipeflow.resume.state import (
     READS,
     VERSION,
+    Each,
     Form,
     Int,
     Rule,
@@ -143,18 +144,49 @@ def check_pass_record(
     return out
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {
-    "epoch": int,
-    "position": int,
-    "length": (int, type(None)),
-    "pipeline": list,
-    "seeds": list,
-    "stages": dict,
-}
+def _text(value: Any, where: str) -> None:
+    if not isinstance(value, str):
+        raise _fail(f"{where} must be a string (got {value!r})")
+
+
+def _mapping(value: Any, where: str) -> None:
+    if not isinstance(value, dict):
+        raise _fail(f"{where} must be a dict (got {value!r})")
+
+
+def _length(value: Any, where: str) -> None:
+    if value is not None:
+        integer(value, where)
+
+
+def _seed_slot(slot: Any, where: str) -> None:
+    ok = isinstance(slot, list) and len(slot) == 3 and isinstance(slot[0], str)
+    if not ok or not isinstance(slot[2], bool):
+        raise _fail(f"{where} must be [owner, seed, drawn] (got {slot!r})")
+    integer(slot[1], f"{where}[1]", 0, 2**64 - 1)
+
+
+#: A loader's state, as :func:`pipeflow.resume.state.take` makes it (format 2 had no
+#: ``digests``): what each field may hold; the records are their stages' to check.
+_STATE = Form(
+    {
+        "pipeflow_state": Value(),
+        "epoch": Int(0),
+        "position": Int(0),
+        "length": Value(_length),
+        "pipeline": Each(Value(_text)),
+        "seeds": Each(Value(_seed_slot)),
+        "stages": Value(_mapping),
+        "source": Value(optional=True),
+        "digests": Value(_mapping),
+    }
+)
+_STATE_V2 = Form({k: v for k, v in _STATE.fields.items() if k != "digests"})
 
 
 def _check_form(state: Any) -> None:
-    """Refuse what is not a loader state of this version, with its fields' types and ranges."""
+    """Refuse what is not a loader state of a version this pipeflow reads, or does not
+    conform to its form."""
     if not isinstance(state, dict) or "pipeflow_state" not in state:
         msg = (
             "not a pipeflow loader state (expected the dict from a loader's state_dict(), "
@@ -168,25 +200,7 @@ def _check_form(state: Any) -> None:
             f"{', '.join(map(str, READS))}: take the state again with this version"
         )
         raise _fail(msg)
-    digests = {"digests"} if version == VERSION else set()
-    record_keys(state, "the state", {*_TYPES, *digests, "pipeflow_state"}, {"source"})
-    for key, kind in _TYPES.items():
-        value = state[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            msg = f"state[{key!r}] must be {_kind(kind)} (got {value!r})"
-            raise _fail(msg)
-    integer(state["epoch"], "state['epoch']")
-    integer(state["position"], "state['position']")
-    if state["length"] is not None:
-        integer(state["length"], "state['length']")
-    if not all(isinstance(x, str) for x in state["pipeline"]):
-        raise _fail("state['pipeline'] must be a list of strings")
-    for i, slot in enumerate(state["seeds"]):
-        ok = isinstance(slot, list) and len(slot) == 3 and isinstance(slot[0], str)
-        if not ok or not isinstance(slot[2], bool):
-            msg = f"state['seeds'][{i}] must be [owner, seed, drawn] (got {slot!r})"
-            raise _fail(msg)
-        integer(slot[1], f"state['seeds'][{i}][1]", 0, 2**64 - 1)
+    conform(_STATE if version == VERSION else _STATE_V2, state, "state", {})
 
 
 def _check_digests(stages: Sequence[Any], state: dict[str, Any]) -> None:
@@ -227,12 +241,6 @@ def _check_digests(stages: Sequence[Any], state: dict[str, Any]) -> None:
         "source", pipeline, epoch, position, state["source"]
     ):
         raise _fail(f"state['source'] does not match the state's digest: {moment}")
-
-
-def _kind(kind: Any) -> str:
-    if isinstance(kind, tuple):
-        return " or ".join(_kind(k) for k in kind)
-    return {int: "an integer", list: "a list", dict: "a dict", type(None): "None"}[kind]
 
 
 def _check_pipeline(here: list[str], there: list[str]) -> None:
