@@ -13,8 +13,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import pipeflow as pf
-from pipeflow import _collate_torch as pf_collate
 from pipeflow.engine._stage import without_torch
+from pipeflow.stages import _collate_torch as pf_collate
 from tests.strategies import ragged_lengths
 from tests.test_shm import BIG, Link
 

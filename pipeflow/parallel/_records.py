@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeflow.engine._context import Context
-from pipeflow.resume._check import check_workers, same_workers
+from pipeflow.resume._check import DELIVERED, TOOK, other_workers
 from pipeflow.resume._states import MapStates, WorkerStates
 from pipeflow.resume.state import (
     ByWorker,
@@ -26,7 +26,6 @@ from pipeflow.resume.state import (
     Nested,
     Record,
     Value,
-    check_inputs,
     conform,
     flag,
     record_keys,
@@ -209,39 +208,28 @@ def check_map_record(
     total: int | None,
     stateful: bool = False,
 ) -> dict[str, Any]:
-    """Refuse a record a :class:`MapRecord` could not have made, or whose workers' states
-    can't be given to this stage's workers; return it as the next pass gets it. *stateful*:
-    the stage reads a stateful dataset (a record from another number of workers that owned
-    copies of it is refused, even before they reported their copies' states)."""
-    if isinstance(record, dict) and _INLINE.intersection(record) and settings.workers:
-        # a stateful dataset's record, from the same stages run without workers (fetch)
-        same_workers({}, settings.workers, where, stateful=True)
-    if isinstance(record, dict) and "prefix" in record:
-        record_keys(record, where, {"prefix", "extras"}, {"workers"})
-        delivered = {"prefix": record["prefix"], "extras": record["extras"]}
-        out = conform(Delivery.FORM, delivered, where, {"consumed": consumed, "total": total})
-    else:
-        fields = {"workers", *_INLINE}
-        out = check_inputs(record, where, None, total, fields)
-        if consumed is not None and out["inputs"] > consumed:
-            msg = (
-                f"load_state_dict: {where} says {out['inputs']} items were delivered, but "
-                f"the state's position says {consumed} outputs were consumed"
-            )
-            raise ValueError(msg)
-        if out.get("object") is not None:  # a dataset's state, from a run without workers
-            msg = (
-                f"load_state_dict: {where} holds the state of the dataset as fetch without "
-                "workers left it, and a parallel_map with workers=0 does not restore a "
-                "dataset's state: resume with the stages run without parallel_map"
-            )
-            raise ValueError(msg)
-        out = {"inputs": out["inputs"]}
-    if "workers" in record:
-        workers = check_workers(record["workers"], f"{where}['workers']", None)
-        same_workers(workers, settings.workers, where, stateful)
-        if len(workers) == settings.workers:
-            out["workers"] = record["workers"]
+    """Refuse a record a :class:`MapRecord` could not have made (out of order:
+    :data:`~pipeflow.resume._check.DELIVERED`; in order: :data:`~pipeflow.resume._check.TOOK`),
+    or whose workers' states can't be given to this stage's workers; return it as the next
+    pass gets it. *stateful*: the stage reads a stateful dataset (a record from another
+    number of workers that owned copies of it is refused, even before they reported their
+    copies' states). A stateful dataset's record from the same stages run without
+    ``parallel_map`` (``fetch``'s) is refused: its state is not restored here."""
+    here = settings.workers
+    if isinstance(record, dict) and _INLINE.intersection(record):
+        why = (
+            other_workers(0, here, where)
+            if here
+            else f"{where} holds the state of the dataset as fetch without workers left it, and "
+            "a parallel_map with workers=0 does not restore a dataset's state: resume with the "
+            "stages run without parallel_map"
+        )
+        raise ValueError(f"load_state_dict: {why}")
+    bounds = {"consumed": consumed, "total": total, "here": here, "stateful": stateful}
+    delivered = isinstance(record, dict) and "prefix" in record
+    out = conform(DELIVERED if delivered else TOOK, record, where, bounds)
+    if "workers" in out and len(out["workers"]) != here:
+        del out["workers"]  # the generators' states of another number of workers: left behind
     return out
 
 

@@ -16,7 +16,7 @@ record belongs to one pass (a buffer shuffle's: an epoch and a seed) also refuse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pipeflow.resume._seal import digest
@@ -24,12 +24,13 @@ from pipeflow.resume._seeds import is_workers, replaced
 from pipeflow.resume.state import (
     READS,
     VERSION,
+    ByWorker,
+    Delivery,
     Each,
     Form,
     Int,
     Rule,
     Value,
-    check_inputs,
     conform,
     fingerprint,
     flag,
@@ -44,14 +45,15 @@ from pipeflow.resume.state import (
 )
 
 __all__ = [
+    "DELIVERED",
+    "TOOK",
     "Loaded",
     "check",
     "check_loader",
     "check_pass_record",
     "check_record",
-    "check_workers",
     "map_record_inline",
-    "same_workers",
+    "other_workers",
     "verify_data",
 ]
 
@@ -422,50 +424,59 @@ _USERS = ("dataset", "replica")
 _WORKER = Form({"count": Int(0), "ended": Value(flag), "state": Value(_state)})
 
 
-def check_workers(record: Any, where: str, workers: int | None) -> dict[int, dict[str, Any]]:
-    """Refuse a ``"workers"`` record that :meth:`WorkerStates.as_json` could not have made;
-    return it keyed by worker id. *workers*: how many there must be (``None``: any)."""
-    if not isinstance(record, dict):
-        msg = f"load_state_dict: {where} must be a dict (got {type(record).__name__})"
-        raise ValueError(msg)
-    out: dict[int, dict[str, Any]] = {}
-    for key, value in record.items():
-        wid = int(key) if isinstance(key, str) and key.isdigit() else None
-        if wid is None or (workers is not None and wid >= workers):
-            msg = f"load_state_dict: {where} names a worker {key!r} that does not exist"
-            raise ValueError(msg)
-        conform(_WORKER, value, f"{where}[{key!r}]", {})
-        out[wid] = value
-    return out
+def _same_workers(k: Mapping[str, Any]) -> bool:
+    """Workers' states of the user's objects come from as many workers as this stage has
+    (``here``; any record from as many, where the stage reads a stateful dataset whose
+    copies the workers own: ``stateful``). ``{}``: a record from a run without workers."""
+    workers = k.get("workers")
+    if workers is None or len(workers) == k["here"]:
+        return True
+    users = any(key in (w["state"] or {}) for w in workers.values() for key in _USERS)
+    return not (k["stateful"] or users)
+
+
+def other_workers(taken: int, here: int, where: str) -> str:
+    """What a refusal says of a state taken with *taken* workers, for a stage with *here*."""
+    return (
+        f"{where}: the state was taken with {taken} workers, and this loader has {here}: the "
+        f"dataset's state belongs to each worker's copy; resume with num_workers={taken} "
+        f"(pf.DataLoader) or workers={taken} (parallel_map)"
+    )
+
+
+_SAME_WORKERS = (
+    _same_workers,
+    lambda k: other_workers(len(k["workers"]), k["here"], k["where"]),
+)
+
+#: A map's record in order (an in-order ``parallel_map``'s): how many items it took, at most
+#: the outputs the state's position consumed, and its workers' states. Checked with the
+#: bounds ``consumed``, ``total``, ``here`` (this stage's workers: 0 in line) and ``stateful``.
+TOOK = Form(
+    {"inputs": Int(0, "total"), "workers": ByWorker(_WORKER, optional=True)},
+    (
+        (
+            lambda k: k["consumed"] is None or k["inputs"] <= k["consumed"],
+            lambda k: (
+                f"{k['where']} says {k['inputs']} items were delivered, but the state's "
+                f"position says {k['consumed']} outputs were consumed"
+            ),
+        ),
+        _SAME_WORKERS,
+    ),
+)
+#: An out-of-order map's record (a :class:`~pipeflow.state.Delivery`), and its workers'.
+DELIVERED = Form(
+    {**Delivery.FORM.fields, "workers": ByWorker(_WORKER, optional=True)},
+    (*Delivery.FORM.invariants, _SAME_WORKERS),
+)
 
 
 def map_record_inline(
     record: Any, where: str, consumed: int | None, total: int | None, stateful: bool = False
 ) -> dict[str, Any]:
-    """A :class:`MapRecord` in order, for the same stages run in line: how many items it
-    took (refused when it holds the workers' copies of a stateful dataset, or when the
-    stages read a stateful dataset, *stateful*, whose copies the workers had)."""
-    if isinstance(record, dict) and "workers" in record:
-        workers = check_workers(record["workers"], f"{where}['workers']", None)
-        same_workers(workers, 0, where, stateful)
-    out = check_inputs(record, where, None, total, {"workers"})
-    if consumed is not None and out["inputs"] > consumed:
-        msg = f"load_state_dict: {where} took more items than the state's position says"
-        raise ValueError(msg)
-    return {"inputs": out["inputs"]}
-
-
-def same_workers(workers: dict[int, Any], count: int, where: str, stateful: bool = False) -> None:
-    """Refuse workers' states of the user's objects from another number of workers (or any
-    workers' record from another number, where the stage reads a stateful dataset whose
-    copies the workers own: *stateful*). ``{}``: a record from a run without workers."""
-    if len(workers) == count:
-        return
-    if stateful or any(any(k in (w["state"] or {}) for k in _USERS) for w in workers.values()):
-        msg = (
-            f"load_state_dict: {where}: the state was taken with {len(workers)} workers, and "
-            f"this loader has {count}: the dataset's state belongs to each worker's copy; "
-            f"resume with num_workers={len(workers)} (pf.DataLoader) or "
-            f"workers={len(workers)} (parallel_map)"
-        )
-        raise ValueError(msg)
+    """A ``parallel_map``'s record in order, for the same stages run in line: how many items
+    it took (:data:`TOOK`; refused when it holds the workers' copies of the user's objects,
+    or when the stages read a stateful dataset, *stateful*, whose copies the workers had)."""
+    bounds = {"consumed": consumed, "total": total, "here": 0, "stateful": stateful}
+    return {"inputs": conform(TOOK, record, where, bounds)["inputs"]}
