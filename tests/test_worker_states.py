@@ -400,3 +400,31 @@ def test_a_torch_stream_that_thread_workers_would_each_read_whole_is_refused_lou
     loader.close()
     processes = pf.parallel_source(pf.from_iterable(_TorchSplit()), workers=2)
     assert sorted(processes) == list(range(6))  # in processes torch's answer is right
+
+
+@pytest.mark.parametrize("size", [7, 17])
+def test_a_state_after_the_last_short_batch_of_a_split_stream_loads(size: int) -> None:
+    # A batch after parallel_source counts its last, short batch as a full one, so the
+    # position stands past the stream's last item: state_dict() once raised IndexError
+    # there, and the count check would have refused the state.
+    from tests._contract_cases import SplitStream
+
+    def build() -> pf.Loader[Any]:
+        stream = pf.from_iterable(SplitStream(size, 0))
+        return pf.parallel_source(stream, workers=2, backend="thread", seed=0) | pf.batch(2)
+
+    loader = build()
+    first = list(loader)
+    assert sum(len(b) for b in first) == size and len(first[-1]) == 1
+    loader.close()
+    loader = build()
+    it = iter(loader)
+    taken = [next(it) for _ in range(len(first))]
+    state = json.loads(json.dumps(loader.state_dict()))  # after the last batch, mid-pass
+    loader.close()
+    assert state["epoch"] == 0 and state["position"] == len(first)
+    fresh = build()
+    fresh.load_state_dict(state)
+    assert list(fresh) == []  # the rest of epoch 0
+    assert sorted(x for b in list(fresh) for x in b) == sorted(x for b in taken for x in b)
+    fresh.close()

@@ -237,6 +237,15 @@ def _counts(k: Mapping[str, Any]) -> list[int]:
     return [k["workers"][w]["count"] for w in sorted(k["workers"], key=int)]
 
 
+def _all_counted(k: Mapping[str, Any]) -> bool:
+    """The workers' counts add up to the source's items the position consumed; or to fewer,
+    once every worker ran out (a batch after the source counts its last, short batch as a
+    full one, so the position may stand past the last item)."""
+    made, consumed = sum(_counts(k)), k["consumed"]
+    ended = all(w["ended"] for w in k["workers"].values())
+    return made == consumed or (made < consumed and ended)
+
+
 def _in_turns(k: Mapping[str, Any]) -> bool:
     """Workers taking turns in order deal their items in rounds: the first ``turn`` of them
     have one more (unless one ran out)."""
@@ -340,7 +349,7 @@ class SourceRecord(Record):
                 ),
             ),
             (
-                lambda k: sum(_counts(k)) == k["consumed"],
+                _all_counted,
                 lambda k: (
                     f"{k['where']} counts {sum(_counts(k))} items delivered by its "
                     f"workers, but the state's position stands for {k['consumed']}"

@@ -16,6 +16,7 @@ record belongs to one pass (a buffer shuffle's: an epoch and a seed) also refuse
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -174,7 +175,7 @@ _STATE = Form(
     {
         "pipeflow_state": Value(),
         "epoch": Int(0),
-        "position": Int(0),
+        "position": Int(0, sys.maxsize),
         "length": Value(_length),
         "pipeline": Each(Value(_text)),
         "seeds": Each(Value(_seed_slot)),

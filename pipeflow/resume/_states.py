@@ -264,8 +264,10 @@ class WorkerStates:
         return out
 
     def last_worker(self, consumed: int) -> int | None:
-        """The worker whose output was the *consumed*-th (``None`` before any)."""
-        upto = consumed - self.folds
+        """The worker whose output was the *consumed*-th (``None`` before any; the last one's
+        past the last output: a batch after the source counts its last, short batch as a
+        full one)."""
+        upto = min(consumed - self.folds, len(self.owner))
         if upto > 0:
             return int(self.owner[upto - 1])
         return None

@@ -98,6 +98,15 @@ class ReadRecord(Record):
                 lambda v: "shard" not in v or bool(v.get("start")),
                 lambda v: f"{v['where']} names a shard but no 'start' (samples read)",
             ),
+            (
+                lambda v: (
+                    "offset" not in v or "shard" not in v or v["offset"] <= v["shard"]["bytes"]
+                ),
+                lambda v: (
+                    f"{v['where']}['offset'] is {v['offset']}, past the end of its shard "
+                    f"({v['shard']['bytes']} bytes)"
+                ),
+            ),
         ),
     )
 
