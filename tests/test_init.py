@@ -107,3 +107,18 @@ def test_threads_resolving_a_name_at_once_get_one_object() -> None:
         "print(all(s == seen[0] for s in seen))\n"
     )
     assert out.strip() == "True"
+
+
+def test_pipeflow_state_is_the_public_face_of_the_resume_protocol() -> None:
+    # The protocol lives in pipeflow.resume; pipeflow.state (documented, imported by users'
+    # own stages) re-exports its public names as the same objects, and nothing else.
+    import pipeflow.resume.state as protocol
+    import pipeflow.state as face
+
+    for name in face.__all__:
+        assert getattr(face, name) is getattr(protocol, name), name
+    assert {"Rule", "Record", "Form", "Int", "Value", "conform", "skipped", "through"} <= set(
+        face.__all__
+    )
+    public = {n for n in vars(face) if not n.startswith("_")} - {"annotations"}
+    assert public == set(face.__all__)
