@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Literal, TypeVar, overload
 
 from pipeflow._hints import not_iterable, operand_error, pipeflow_kind
@@ -123,9 +123,7 @@ class Traits:
 
 
 #: The defaults of :class:`Traits`' fields, which its repr leaves out.
-_PLAIN_VALUES = {"failures": "bypass", "drops": (), "reads_in_runs": False} | dict.fromkeys(
-    ("dataset", "compute", "publish", "numpy")
-)
+_PLAIN_VALUES = {f.name: f.default for f in fields(Traits)}
 _PLAIN = Traits()
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeflow.engine._context import Context
+from pipeflow.parallel._settings import Settings
 from pipeflow.resume._check import DELIVERED, TOOK, other_workers
 from pipeflow.resume._states import MapStates, WorkerStates
 from pipeflow.resume.state import (
@@ -30,11 +31,6 @@ from pipeflow.resume.state import (
     flag,
     record_keys,
 )
-
-#: A parallel stage's settings (:class:`pipeflow.parallel._settings.Settings`: ``workers``,
-#: ``backend``, ``ordered``, ``persistent``), read here, never imported: the records sit below
-#: the parallel package.
-Settings = Any
 
 __all__ = [
     "MapRecord",

@@ -91,19 +91,13 @@ def check(source: Any, stages: Sequence[Any], length: int | None, state: Any) ->
     verify_data(source, stages, records)
     resume: dict[str, Any] = {"position": state["position"], "stages": records}
     skip = plan(stages, resume).source_skip
-    if "source" in state:
-        where = "state['source']"
-        resume["source"] = check_source(source, state["source"], where, skip)
+    kept = _source_record(source, state, "state['source']", skip)
+    if kept is not None:
+        resume["source"] = kept
         running, *_ = replaced([source, *stages], iter(adopted))
         check_pass = running.resume.check_pass  # a mix's: its loaders' records, their passes
         if check_pass is not None:
-            check_pass(running, resume["source"], where, state["epoch"])
-    elif skip and must_hold(source):
-        msg = (
-            f"state['source'] is missing: {source.name} keeps a record, and {skip} of its items "
-            "were consumed"
-        )
-        raise _fail(msg)
+            check_pass(running, kept, "state['source']", state["epoch"])
     return Loaded(state["epoch"], resume, adopted)
 
 
@@ -136,13 +130,9 @@ def check_pass_record(
     verify_data(source, stages, records, f"{where}['stages']")
     out: dict[str, Any] = {"position": position, "stages": records}
     skip = plan(stages, out).source_skip
-    if "source" in record:
-        out["source"] = check_source(source, record["source"], f"{where}['source']", skip)
-    elif skip and must_hold(source):
-        raise _fail(
-            f"{where}['source'] is missing: its source keeps a record, and {skip} "
-            "of its items were consumed"
-        )
+    kept = _source_record(source, record, f"{where}['source']", skip)
+    if kept is not None:
+        out["source"] = kept
     out["stages"] = {str(flat_index(stages, k)): v for k, v in records.items()}
     return out
 
@@ -363,6 +353,21 @@ def check_record(
         return map_record_inline(record, where, consumed, total)
     msg = f"load_state_dict: {where} holds a record, but this stage keeps none"
     raise ValueError(msg)
+
+
+def _source_record(source: Any, holder: dict[str, Any], where: str, skip: int) -> Any:
+    """The source's record in *holder* (a state, or a loader's pass record nested in
+    another's), checked; ``None`` when it holds none, refused where *skip* of the source's
+    items were consumed and its rule says a state must then hold its record."""
+    if "source" in holder:
+        return check_source(source, holder["source"], where, skip)
+    if skip and must_hold(source):
+        msg = (
+            f"{where} is missing: {source.name} keeps a record, and {skip} of its items were "
+            "consumed"
+        )
+        raise _fail(msg)
+    return None
 
 
 def check_source(source: Any, record: Any, where: str, consumed: int) -> dict[str, Any]:
