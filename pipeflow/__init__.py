@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pipeflow.sources.shards import Shard, shards
     from pipeflow.stages.batch import batch, unbatch
     from pipeflow.stages.bucket import bucket
+    from pipeflow.stages.cache import cache
     from pipeflow.stages.collate import collate, default_collate, default_convert
     from pipeflow.stages.device import pin_memory, to_device
     from pipeflow.stages.distributed import shard
@@ -82,6 +83,7 @@ __all__ = [
     "WorkerTimeoutError",
     "batch",
     "bucket",
+    "cache",
     "collate",
     "default_collate",
     "default_convert",
@@ -140,6 +142,7 @@ _WHERE = {
     "WorkerTimeoutError": "pipeflow.errors",
     "batch": "pipeflow.stages.batch",
     "bucket": "pipeflow.stages.bucket",
+    "cache": "pipeflow.stages.cache",
     "collate": "pipeflow.stages.collate",
     "default_collate": "pipeflow.stages.collate",
     "default_convert": "pipeflow.stages.collate",

@@ -196,6 +196,14 @@ class StageStats:
             batch's count times its longest item.
         efficiency: ``real_tokens / padded_tokens``, the share of what the stage made that
             is real tokens, not padding (``None`` for the other stages).
+        cache_hits: for ``cache`` (or a parallel stage that runs one in its workers), the
+            samples it had, in every process, since its loader started it (``reset_stats()``
+            leaves them: they are the cache's, not the pass's).
+        cache_misses: the samples the stages above it made, and it kept (or, past
+            ``max_bytes``, recomputes).
+        cache_bytes: the bytes it keeps (in memory, shared memory and ``path``).
+        cache_saved_seconds: about how long the hits would have taken: the hits times the
+            mean time the stages above it took for a miss.
     """
 
     name: str
@@ -216,6 +224,10 @@ class StageStats:
     real_tokens: int = 0
     padded_tokens: int = 0
     efficiency: float | None = None
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes: int = 0
+    cache_saved_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +284,8 @@ class Stats:
                 lines.append(f"ignored errors: {ignored_text(st)} (in {st.name!r})")
             if st.efficiency is not None:
                 lines.append(f"efficiency: {efficiency_text(st)} (in {st.name!r})")
+            if st.cache_hits or st.cache_misses:
+                lines.append(f"cache: {cache_text(st)} (in {st.name!r})")
         lines.append(legend(self.knobs))
         return "\n".join(lines)
 
@@ -386,6 +400,39 @@ def efficiency_text(stage: StageStats) -> str:
     """
     share = math.floor((stage.efficiency or 0.0) * 1000 + 1e-9) / 10  # rounded down
     return f"{share:.1f}% real tokens ({stage.real_tokens:,} of {stage.padded_tokens:,})"
+
+
+def cache_text(stage: StageStats) -> str:
+    """``900 hits, 100 misses (90% hits), 12.5 MB kept, about 1.80 s saved``.
+
+    Examples:
+        >>> cache_text(StageStats("cache", 1000, 0.0, 0.0, 0.0, 0.0, cache_hits=900,
+        ...                       cache_misses=100, cache_bytes=12_500_000,
+        ...                       cache_saved_seconds=1.8))
+        '900 hits, 100 misses (90% hits), 12.5 MB kept, about 1.80 s saved'
+    """
+    asked = stage.cache_hits + stage.cache_misses
+    share = _pct(stage.cache_hits / asked) if asked else "0%"
+    return (
+        f"{stage.cache_hits:,} hits, {stage.cache_misses:,} misses ({share} hits), "
+        f"{stage.cache_bytes / 1e6:,.1f} MB kept, about {stage.cache_saved_seconds:.2f} s saved"
+    )
+
+
+def with_caches(stats: Stats, counts: dict[int, tuple[int, ...]]) -> Stats:
+    """*stats* with the caches' *counts* (hits, misses, the misses' nanoseconds, bytes) on
+    the rows of the stages that hold them, by row."""
+    rows = list(stats.stages)
+    for row, (hits, misses, miss_ns, kept) in counts.items():
+        saved = hits * miss_ns / misses / 1e9 if misses else 0.0
+        rows[row] = replace(
+            rows[row],
+            cache_hits=hits,
+            cache_misses=misses,
+            cache_bytes=kept,
+            cache_saved_seconds=saved,
+        )
+    return replace(stats, stages=rows)
 
 
 def _opt(value: float | None, fmt: str, scale: float = 1.0) -> str:

@@ -387,6 +387,44 @@ def _stateful_dataset(seed: int, size: int, variant: int) -> pf.Loader[Any]:
     return out
 
 
+def _cache_main(warm: bool) -> Callable[[int, int, int], pf.Loader[Any]]:
+    """A cache in the main process after an ordered parallel map, a random stage after it;
+    *warm*: the loader ran its first epoch already (its passes are cached ones)."""
+
+    def build(seed: int, size: int, variant: int) -> pf.Loader[Any]:
+        work = pf.fetch(Numbers(size, variant)) | pf.map(Jittered(ident))
+        out: pf.Loader[Any] = (
+            pf.indices(size)
+            | pf.shuffle(seed=seed)
+            | pf.parallel_map(work, workers=2)
+            | pf.cache()
+            | pf.random_map(draw, seed=seed)
+            | pf.batch(3)
+        )
+        return _warmed(out) if warm else out
+
+    return build
+
+
+def _cache_workers(warm: bool, backend: str = "thread") -> Callable[[int, int, int], Any]:
+    """A cache inside a parallel map's workers, over batches of indices."""
+
+    def build(seed: int, size: int, variant: int) -> pf.Loader[Any]:
+        work = pf.fetch(Numbers(size, variant)) | pf.cache() | pf.map(Jittered(tagged))
+        stage = pf.parallel_map(work, workers=2, backend=backend)
+        out: pf.Loader[Any] = pf.indices(size) | pf.shuffle(seed=seed) | pf.batch(3) | stage
+        return _warmed(out) if warm else out
+
+    return build
+
+
+def _warmed(loader: pf.Loader[Any]) -> pf.Loader[Any]:
+    """*loader* after one whole pass (its next pass is epoch 1)."""
+    for _ in loader:
+        pass
+    return loader
+
+
 #: Every pipeline of the contract, by name.
 PIPELINES: dict[str, Pipeline] = {
     p.name: p
@@ -420,6 +458,16 @@ PIPELINES: dict[str, Pipeline] = {
         Pipeline("split_stream_thread", _split_stream_thread),
         Pipeline("stateful_source", _stateful_source),
         Pipeline("stateful_dataset", _stateful_dataset),
+        Pipeline("cache_main", _cache_main(warm=False)),
+        Pipeline("cache_main_warm", _cache_main(warm=True)),
+        Pipeline("cache_workers_thread", _cache_workers(warm=False)),
+        Pipeline("cache_workers_thread_warm", _cache_workers(warm=True)),
+        Pipeline(
+            "cache_workers_process_warm",
+            _cache_workers(True, "process"),
+            sizes=(10,),
+            slow=True,
+        ),
     ]
 }
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeflow.engine._context import Context, Hooks
 from pipeflow.engine._failure import Failure
+from pipeflow.engine._memo import Decider, merge, open_store, segments
 from pipeflow.engine._plan import Computed, PassPlan
 from pipeflow.engine._stage import context_after
 from pipeflow.engine._wrappers import Meter, Pass, Route, close_all, cut, guarded, remembering
@@ -48,6 +49,9 @@ def run(
     routes = _routes(planned, context.epoch)
     recs = record.stages if record is not None else [None] * len(routes)
     waits = record.waits if record is not None else None
+    memos = segments(planned.stages)  # a cache's segment runs on the keys it lacks
+    starts = {j: c for c, j in memos.items()}
+    deciders: dict[int, Decider] = {}
     chain: list[Iterator[Any]] = []
     try:
         it = _source(planned, context, skip, recs[0], resources, resume, progress)
@@ -58,6 +62,8 @@ def run(
             at = i + planned.fused  # the stage's position in the loader
             here = _resumed(contexts[i], skip, i)
             upstream = chain[-1]
+            if i in starts:  # the first stage of a cache's segment: it gets the misses
+                upstream = _decided(planned.stages, starts[i], i, upstream, context, deciders)
             keys = routes[i + 1].keys
             if stage.traits.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
@@ -65,7 +71,7 @@ def run(
             kept = _record(stage, here, saved.get(i), ahead, progress, at)  # for state_dict()
             watched(kept, planned.stages[i + 1 :], progress)
             hooks = Hooks(recs[i + 1], extras.get(i), kept, resources.setdefault(at, {}))
-            it = stage.apply(upstream, here, hooks)
+            it = merge(deciders[i], upstream) if i in memos else stage.apply(upstream, here, hooks)
             if i in cuts:
                 it = cut(it, cuts[i])
             last = i == len(planned.stages) - 1
@@ -75,6 +81,22 @@ def run(
         close_all(chain)
         raise
     return Pass(chain, progress, record, first)
+
+
+def _decided(
+    stages: tuple[Any, ...],
+    c: int,
+    j: int,
+    keys: Iterator[Any],
+    context: Context,
+    deciders: dict[int, Decider],
+) -> Iterator[Any]:
+    """The input of the segment ``stages[j:c]`` of the cache at *c*: the *keys* its store
+    lacks (its decider, kept in *deciders* for the cache's merge)."""
+    memo = stages[c]
+    store = open_store(memo, stages[j:c], context.facts.get("memo"))
+    deciders[c] = Decider(keys, store, memo.name)
+    return deciders[c].misses()
 
 
 def _record(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeflow.engine._context import Context
+from pipeflow.engine._memo import segments
 from pipeflow.engine._permutation import Permutation
 from pipeflow.engine._stage import Source, Stage, computed
 from pipeflow.resume.state import Rule
@@ -220,6 +221,7 @@ def plan(source: Source[Any], stages: tuple[Stage[Any, Any], ...]) -> PassPlan:
         and isinstance(described, Positions)
         and described.seed is None
         and described.share is None
+        and 0 not in segments(rest).values()  # a cache's keys pass through its decider
     )
     if fused:
         source = Computed(source, stages[:fused], described)

@@ -98,6 +98,10 @@ class Traits:
         numpy: ``numpy(**config)``, this stage as a worker that has not imported torch
             should run it (a numpy-only form that makes the tensors on arrival); ``None``:
             the same stage.
+        memo: ``memo(segment, length, home, **config)``, the store of a stage that keeps
+            what the one-to-one stages right above it (its *segment*) made of each input
+            (``cache``): the engine runs the segment only on the inputs the store lacks (see
+            :mod:`pipeflow.engine._memo`); ``None`` for the other stages.
 
     Examples:
         >>> from pipeflow import Stage, Traits
@@ -112,6 +116,7 @@ class Traits:
     compute: Callable[..., Any] | None = None
     publish: Callable[..., Context] | None = None
     numpy: Callable[..., Stage[Any, Any]] | None = None
+    memo: Callable[..., Any] | None = None
 
     def __repr__(self) -> str:
         changed = [
@@ -412,7 +417,23 @@ class Pipe(Stage[In, Out]):
     def apply(
         self, upstream: Iterable[Any], context: Context, hooks: Hooks | None = None
     ) -> Iterator[Out]:
-        """Chain every primitive stage over *upstream*."""
+        """Chain every primitive stage over *upstream* (a cache's segment only on the keys it
+        lacks: see :mod:`pipeflow.engine._memo`)."""
+        if any(s.traits.memo is not None for s in self._stages):
+            from pipeflow.engine._memo import assemble, open_store
+
+            home = context.facts.get("memo")
+            contexts = [context]
+            for s in self._stages:
+                contexts.append(context_after(s, contexts[-1]))
+
+            def each(i: int, s: Stage[Any, Any], it: Iterator[Any]) -> Iterator[Any]:
+                return s.apply(it, contexts[i])
+
+            def store(c: int, j: int) -> Any:
+                return open_store(self._stages[c], self._stages[j:c], home)
+
+            return assemble(self._stages, iter(upstream), each, store)
         it: Iterable[Any] = upstream
         for s in self._stages:
             it = s.apply(it, context)

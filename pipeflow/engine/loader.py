@@ -14,6 +14,8 @@ from pipeflow._random import DrawnSeed
 from pipeflow.engine._chain import run
 from pipeflow.engine._context import Context
 from pipeflow.engine._layout import layout
+from pipeflow.engine._memo import Home, has_memo, release, tallies
+from pipeflow.engine._memo import check as check_memo
 from pipeflow.engine._plan import PassPlan, plan
 from pipeflow.engine._stage import Source, Stage, or_stranger
 from pipeflow.resume._check import Loaded, check_loader, length
@@ -59,6 +61,7 @@ class Loader(Seeded, Generic[Out]):
         "__weakref__",
         "_active",
         "_epoch",
+        "_home",
         "_next",
         "_next_epoch",
         "_plan",
@@ -83,6 +86,8 @@ class Loader(Seeded, Generic[Out]):
         why = reread_after_unordered(self._stages)
         if why is not None:  # refused now, not at the job's first checkpoint
             raise ValueError(f"Loader: {why}")
+        check_memo(self._stages)  # a cache that would freeze random draws: refused now
+        self._home: Home | None = None  # where its caches live, once a pass needs them
         # Whether its items can only be a dataset's indices, unread (pf.fetch forgotten): the
         # first item of a pass is then checked, until one warns (see _hints.unread_indices).
         self._unread = unread_indices(source, self._stages)
@@ -226,11 +231,21 @@ class Loader(Seeded, Generic[Out]):
             self._progress.superseded = True
         self._progress = progress
         record = self._stats_record() if self._recording else None
-        context = Context(epoch, base_seed=base_seed)
+        context = Context(epoch, base_seed=base_seed, facts=self._facts())
         first = self._check_first if self._unread else None
         it = run(self.plan(), context, resume, progress, record, self._resources, first)
         self._active.add(it)
         return it
+
+    def _facts(self) -> Mapping[str, Any]:
+        """What the loader tells every stage of a pass: where its caches live, if it has any
+        (its own, its workers')."""
+        if not has_memo(self._stages):
+            return MappingProxyType({})
+        if self._home is None:
+            self._home = Home.new(self._source.length())
+            weakref.finalize(self, release, self._home)
+        return MappingProxyType({"memo": self._home})
 
     def _check_first(self, item: Any) -> None:
         """Look at the first item of a pass of a loader whose items can only be a dataset's
@@ -246,9 +261,13 @@ class Loader(Seeded, Generic[Out]):
         holds the same numbers as data (``.to_dict()`` for JSON), and ``.plot(path)`` draws
         them.
         """
-        from pipeflow.stats import summarize
+        from pipeflow.stats import summarize, with_caches
 
-        return summarize(self._stats_record())
+        stats = summarize(self._stats_record())
+        if self._home is None:
+            return stats
+        counts = tallies(self.plan().stages, self._home)  # the caches', in every process
+        return with_caches(stats, {i + 1: c for i, c in counts.items()})
 
     def _stats_record(self) -> LoaderRecord:
         """Where the passes record statistics: one row per node of the plan."""
@@ -356,6 +375,9 @@ class Loader(Seeded, Generic[Out]):
         for s in self._stages:
             s.close()
         _close_resources(self._resources)
+        if self._home is not None:  # the caches go: a later pass starts them afresh
+            release(self._home)
+            self._home = None
 
     def __enter__(self) -> Loader[Out]:
         return self

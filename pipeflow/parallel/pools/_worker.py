@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from pipeflow._random import seed_sequence_state
 from pipeflow.engine._context import Context
 from pipeflow.engine._failure import Failure, WithDropped
+from pipeflow.engine._memo import assemble, open_store, segments
 from pipeflow.engine._stage import Stage, context_after, without_torch
 from pipeflow.errors import StreamNotSplitError, annotate
 from pipeflow.parallel.pools._fork import Pickled
@@ -116,6 +117,32 @@ class MapJob:
         # described this stage's own input.
         self.facts = {k: v for k, v in (facts or {}).items() if k != "input"}
 
+    @property
+    def memo(self) -> bool:
+        """Whether the stages hold a cache (asked once)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self._memo = any(s.traits.memo is not None for s in self.stages or ())
+        return memo
+
+    def _contexts(self, context: Context) -> list[Context]:
+        """The context of each stage for one item (a shard's facts reach those after it)."""
+        out = [context]
+        for s in self.stages or ():
+            if s.traits.publish is None:
+                out.append(out[-1])
+            else:
+                out.append(context_after(s, out[-1]))
+        return out
+
+    def _store(self, c: int, j: int) -> Any:
+        """The store of the cache at *c* (its segment from *j*), opened once per worker."""
+        stores = self.__dict__.setdefault("_stores", {})
+        if c not in stores:
+            stages = self.stages or ()
+            stores[c] = open_store(stages[c], stages[j:c], self.facts.get("memo"))
+        return stores[c]
+
     def without_torch(self) -> None:
         """In a worker that has not imported torch: the stages' numpy-only forms."""
         if self.stages is not None:
@@ -151,12 +178,23 @@ class MapJob:
         # The item's place in the pass, and what the pass was told.
         context = Context(epoch, offset=seq, ignoring=self.ignoring, facts=self.facts)
         dropped: list[Failure] = []
-        it: Iterator[Any] = iter((item,))
-        for s in self.stages:
-            it = _track(s.apply(it, context), s.name, failed)
+        contexts = self._contexts(context)
+
+        def each(i: int, s: Stage[Any, Any], it: Iterator[Any]) -> Iterator[Any]:
+            it = _track(s.apply(it, contexts[i]), s.name, failed)
             if s.traits.failures == "mark":  # failures it yields: raised, or kept when dropped
                 it = _unmark(it, dropped)
-            context = context_after(s, context)
+            return it
+
+        it: Iterator[Any] = iter((item,))
+        if not self.memo:
+            for i, s in enumerate(self.stages):
+                it = each(i, s, it)
+        else:  # a cache among the stages: its segment runs on the keys it lacks
+            segs = self.__dict__.get("_segs")
+            if segs is None:
+                segs = self._segs = segments(self.stages)
+            it = assemble(self.stages, it, each, self._store, segs)
         try:
             out = next(it)
         except StopIteration:

@@ -1,0 +1,493 @@
+"""Skip the stages above a cache for the items it has: the *segment* and its *decider*.
+
+A stage with :attr:`~pipeflow.Traits.memo` (``pf.cache``) remembers what the stages above
+it made of each input. Those stages, its *segment*, are the run of one-to-one, in-order
+stages right above it (``fetch``, ``map``, an ordered ``parallel_map``, ``collate``): what
+they make of an input depends on that input alone, so the input is the output's key (the
+dataset index that ``pf.indices`` produced, whatever the shuffle). A stage before the cache
+that draws randomness (``random_map``, a stage taking ``epoch``) is refused when the loader is
+built (:func:`check`): a cache would freeze its draws.
+
+Each pass wires a segment so (:func:`assemble`, and the runner for a loader's own stages):
+
+- a :class:`Decider` reads the keys, in order, and decides once for each whether the store
+  has it; the segment's input is the keys it lacks (:meth:`Decider.misses`), so a read-ahead
+  stage in it (a parallel map) runs ahead over misses only;
+- :func:`merge` walks the decisions in order: a hit is the stored value, a miss the segment's
+  next output (it is one-to-one and in order: that key's value), which it stores.
+
+So the output is the uncached pipeline's, item for item, in the order of ``(seed, epoch)``.
+An item that is a ``list`` of keys (a batch of indices, before a batched ``fetch``) is
+decided key by key: the segment gets the list of the missing keys, and the merge puts the
+batch back together. A key that is still in flight when it comes again (a sampler with
+replacement) waits for its first value instead of being computed twice.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeflow.engine._failure import Failure
+from pipeflow.resume._seeds import is_workers
+
+#: A :class:`~pipeflow.Stage` (not imported: ``Pipe.apply`` wires its caches with this module).
+Stage = Any
+
+__all__ = [
+    "MISSING",
+    "Decider",
+    "Home",
+    "assemble",
+    "check",
+    "draws",
+    "has_memo",
+    "merge",
+    "on_release",
+    "open_store",
+    "release",
+    "segments",
+    "tallies",
+]
+
+
+class _Missing:
+    """What a store's ``get`` returns for a key it lacks."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def one_to_one(stage: Stage) -> bool:
+    """Whether *stage* makes one output per input, in order, from that input alone (it
+    resumes by skipping as many inputs as outputs)."""
+    rule = stage.resume
+    return (
+        rule.kind == "below"
+        and rule.per == "same"
+        and not rule.unordered
+        and all(stage.length(k) == k for k in (1, 2, 7))
+    )
+
+
+def draws(stage: Stage) -> bool:
+    """Whether *stage*'s output can change from epoch to epoch: it has a seed of its own (the
+    seed of a parallel stage's workers does not count), or its function, or a stage nested
+    in it, takes ``epoch``."""
+    if any(not is_workers(owner) for owner, _ in stage.seed_slots()):
+        return True
+    return any("epoch" in s._wants for s in _nested(stage))
+
+
+def _nested(stage: Stage) -> Iterator[Stage]:
+    """*stage*, and the stages in its configuration (a parallel map's), recursively."""
+    for s in stage.stages:
+        yield s
+        for value in s._config.values():
+            if _is_stage(value):
+                yield from _nested(value)
+
+
+def _is_stage(value: Any) -> bool:
+    """Whether *value* is a stage (a nested one, in a parallel map's configuration)."""
+    return isinstance(getattr(type(value), "traits", None), property) and hasattr(value, "stages")
+
+
+def segments(stages: Sequence[Stage]) -> dict[int, int]:
+    """For each memo stage of *stages*, by position, where its segment starts.
+
+    Raises:
+        ValueError: a stage before a cache draws randomness, or nothing above the cache
+            could be skipped (the message names the stage and says where the cache goes).
+    """
+    out = {}
+    for c, stage in enumerate(stages):
+        if stage.traits.memo is None:
+            continue
+        for s in stages[:c]:
+            if draws(s) and (one_to_one(s) or any(t.traits.memo for t in _nested(s))):
+                raise ValueError(_frozen(stage.name, s))
+        j = c
+        while j > 0 and one_to_one(stages[j - 1]) and stages[j - 1].traits.memo is None:
+            j -= 1
+        if j == c:
+            above = f"after {stages[c - 1].name}" if c else "first"
+            msg = (
+                f"{stage.name}: nothing above it to skip ({above}, it would store its own "
+                f"inputs); put {stage.name}() right after the stages whose work it keeps, "
+                f"such as pf.fetch(dataset) | pf.map(decode) | pf.{stage.name}()"
+            )
+            raise ValueError(msg)
+        out[c] = j
+    return out
+
+
+def _frozen(name: str, random: Stage) -> str:
+    return (
+        f"{name}: {random.name} before it draws new numbers every epoch, and a {name} would "
+        f"freeze them (every epoch would see the first epoch's draws); put {name}() before "
+        f"{random.name}: stages after the {name} draw as they would without it"
+    )
+
+
+def check(stages: Sequence[Stage]) -> None:
+    """Refuse a loader whose caches cannot be exact (see :func:`segments`), its nested
+    stages' (inside a parallel map) included."""
+    segments(stages)
+    for s in stages:
+        for value in s._config.values():
+            if _is_stage(value) and any(t.traits.memo for t in _nested(value)):
+                check(value.stages)
+
+
+def has_memo(stages: Sequence[Stage]) -> bool:
+    """Whether any of *stages*, or a stage nested in one, is a memo stage."""
+    return any(t.traits.memo is not None for s in stages for t in _nested(s))
+
+
+@dataclass
+class _Unit:
+    """One input of the segment, decided: its keys, their values (``MISSING`` for those
+    the segment makes, ``_WAIT`` for those in flight), and the keys it feeds the segment."""
+
+    keys: list[Any]
+    values: list[Any]
+    fed: list[int]  # positions of the keys fed to the segment
+    batch: bool
+    passthrough: Any = MISSING  # an item that is not a key (a failure): out as it came
+
+
+class _Wait:
+    __slots__ = ()
+
+
+_WAIT: Any = _Wait()
+
+
+class Decider:
+    """Reads the keys of a pass in order and decides once, for each, hit or miss.
+
+    *store* has ``get(key)`` (``MISSING`` when absent) and ``put(key, value)``.
+    """
+
+    def __init__(self, keys: Iterator[Any], store: Any, name: str = "cache") -> None:
+        self.keys = keys
+        self.store = store
+        self.name = name
+        self.queue: deque[_Unit] = deque()  # decided, not merged yet
+        self.unfed: deque[Any] = deque()  # inputs for the segment, not read yet
+        self.flying: dict[Any, int] = {}  # a key fed to the segment, not merged: how often asked
+        self.landed: dict[Any, Any] = {}  # values of flown keys that later units wait for
+        self.ended = False
+        self.lock = threading.Lock()
+
+    def _decide(self) -> bool:
+        """Decide the next key (or list of keys); ``False`` when there are no more."""
+        if self.ended:
+            return False
+        try:
+            item = next(self.keys)
+        except StopIteration:
+            self.ended = True
+            return False
+        if isinstance(item, Failure):  # an item that failed above the segment: around it
+            self.queue.append(_Unit([], [], [], False, item))
+            return True
+        batch = isinstance(item, list)
+        keys = item if batch else [item]
+        values, fed = [], []
+        get, flying = self.store.get, self.flying
+        for i, k in enumerate(keys):
+            try:
+                if k in flying:
+                    flying[k] += 1
+                    values.append(_WAIT)
+                    continue
+            except TypeError:
+                raise TypeError(_unhashable(self.name, k)) from None
+            v = get(k)
+            if v is MISSING:
+                flying[k] = 1
+                fed.append(i)
+            values.append(v)
+        self.queue.append(_Unit(keys, values, fed, batch))
+        if fed:
+            self.unfed.append([keys[i] for i in fed] if batch else item)
+        return True
+
+    def misses(self) -> Iterator[Any]:
+        """The segment's input: the keys the store lacks (lists of them, for batches)."""
+        while True:
+            with self.lock:
+                while not self.unfed:
+                    if not self._decide():
+                        return
+                item = self.unfed.popleft()
+            yield item
+
+    def next_unit(self) -> _Unit | None:
+        """The next decision to merge, or ``None`` at the end of the pass."""
+        with self.lock:
+            while not self.queue:
+                if not self._decide():
+                    return None
+            return self.queue.popleft()
+
+    def landing(self, key: Any, value: Any) -> None:
+        """*key*'s value came out of the segment: keep it for the units waiting for it."""
+        with self.lock:
+            waiting = self.flying.pop(key, 1) - 1
+            if waiting:
+                self.landed[key] = (waiting, value)
+
+    def waited(self, key: Any) -> Any:
+        """The value a unit waited for (its key was in flight when it was decided)."""
+        with self.lock:
+            waiting, value = self.landed[key]
+            if waiting == 1:
+                del self.landed[key]
+            else:
+                self.landed[key] = (waiting - 1, value)
+            return value
+
+
+def _unhashable(name: str, key: Any) -> str:
+    return (
+        f"{name}: its keys are the items that enter the stages above it (a dataset's indices, "
+        f"for pf.fetch), but one is a {type(key).__name__}, which can't be a key; put "
+        f"{name}() after stages that read indices, such as pf.fetch(dataset)"
+    )
+
+
+def merge(decider: Decider, segment: Iterator[Any]) -> Iterator[Any]:
+    """The decisions, in order: a hit is the stored value, a miss the segment's next output,
+    which goes into the store. The store counts hits, misses and the time the misses took
+    (``count(hits, misses, ns)``)."""
+    name = decider.name
+    put, count = decider.store.put, decider.store.count
+    while True:
+        unit = decider.next_unit()
+        if unit is None:
+            break
+        if unit.passthrough is not MISSING:
+            yield unit.passthrough
+            continue
+        values = unit.values
+        if unit.fed:
+            t0 = time.perf_counter_ns()
+            try:
+                out = next(segment)
+            except StopIteration:
+                msg = (
+                    f"{name}: the stages above it made fewer items than they were given "
+                    "(one of them dropped an item, so no key can be matched to its value)"
+                )
+                raise RuntimeError(msg) from None
+            spent = time.perf_counter_ns() - t0
+            if isinstance(out, Failure):  # the item failed: out in its place, not stored
+                for i in unit.fed:
+                    decider.landing(unit.keys[i], out)
+                count(len(unit.keys) - len(unit.fed), len(unit.fed), spent)
+                yield out
+                continue
+            made = _made(name, unit, out)
+            for i, v in zip(unit.fed, made):
+                values[i] = v
+                decider.landing(unit.keys[i], v)
+                put(unit.keys[i], v)
+            count(len(unit.keys) - len(unit.fed), len(unit.fed), spent)
+        else:
+            count(len(unit.keys), 0, 0)
+        for i, v in enumerate(values):
+            if v is _WAIT:
+                values[i] = decider.waited(unit.keys[i])
+        if unit.batch:
+            yield values
+        else:
+            yield values[0]
+    for extra in segment:
+        del extra
+        msg = f"{name}: the stages above it made more items than they were given"
+        raise RuntimeError(msg)
+
+
+def _made(name: str, unit: _Unit, out: Any) -> Sequence[Any]:
+    """The values the segment made for *unit*'s fed keys."""
+    if not unit.batch:
+        return (out,)
+    try:
+        n = len(out)
+    except TypeError:
+        n = -1
+    if n != len(unit.fed):
+        msg = (
+            f"{name}: the stages above it made {_what(out, n)} from a batch of "
+            f"{len(unit.fed)} keys; a {name} over batches of indices needs one sample per "
+            f"key (put {name}() before pf.collate(), and before an ignore_errors that drops "
+            "samples from batches)"
+        )
+        raise ValueError(msg)
+    return out  # type: ignore[no-any-return]
+
+
+def _what(out: Any, n: int) -> str:
+    return f"a {type(out).__name__}" if n < 0 else f"{n} items"
+
+
+def assemble(
+    stages: Sequence[Stage],
+    upstream: Iterator[Any],
+    apply: Callable[[int, Stage, Iterator[Any]], Iterator[Any]],
+    store: Callable[[int, int], Any],
+    segs: dict[int, int] | None = None,
+) -> Iterator[Any]:
+    """Chain *stages* over *upstream* with ``apply(i, stage, it)``, each memo stage's
+    segment running on the keys its store lacks; ``store(c, j)`` opens the store of the
+    memo stage at *c* whose segment starts at *j* (*segs*: :func:`segments` of *stages*,
+    when known)."""
+    segs = segments(stages) if segs is None else segs
+    starts = {j: c for c, j in segs.items()}
+    deciders: dict[int, Decider] = {}
+    it = upstream
+    for i, stage in enumerate(stages):
+        if i in starts:
+            c = starts[i]
+            deciders[c] = Decider(it, store(c, i), stages[c].name)
+            it = deciders[c].misses()
+        it = merge(deciders[i], it) if i in segs else apply(i, stage, it)
+    return it
+
+
+@dataclass(frozen=True)
+class Home:
+    """Where one loader's caches live, handed to its workers in the pass's facts (under
+    ``"memo"``): the owner keeps them in its memory; worker processes share files in
+    :attr:`shared`, which goes when the loader closes (or, after a crash, when the next
+    loader in any process starts its caches).
+
+    Attributes:
+        uid: the loader's caches' name, unique to it.
+        pid: the process that owns them (the loader's).
+        length: the loader's source's length (part of a persistent cache's identity).
+    """
+
+    uid: str
+    pid: int
+    length: int | None = None
+
+    @staticmethod
+    def new(length: int | None) -> Home:
+        """A new home for a loader in this process."""
+        _sweep()
+        return Home(uuid.uuid4().hex[:16], os.getpid(), length)
+
+    def owned(self) -> bool:
+        """Whether this process owns the caches (the loader's, and its thread workers')."""
+        return os.getpid() == self.pid
+
+    @property
+    def shared(self) -> str:
+        """The directory of the entries worker processes share, and of their counts."""
+        return os.path.join(_shm_base(), f"{_PREFIX}{self.pid}-{self.uid}")
+
+
+_PREFIX = "pipeflow-cache-"
+
+
+def _shm_base() -> str:
+    """``/dev/shm`` (memory that the processes mapping a file share), else the temporary
+    directory."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+def _sweep() -> None:
+    """Remove the shared entries of loaders whose process died without closing them (once a
+    process)."""
+    if _SWEPT:
+        return
+    _SWEPT.append(True)
+    for root in glob.glob(os.path.join(_shm_base(), f"{_PREFIX}*-*")):
+        pid = root.rsplit("-", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+_SWEPT: list[bool] = []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+#: What releasing a home does, by its uid: registered by the stores as they open (owner only).
+_RELEASE: dict[str, list[Callable[[], None]]] = {}
+
+
+def on_release(home: Home, fn: Callable[[], None]) -> None:
+    """Call *fn* when the loader of *home* closes (in the owner process only)."""
+    if home.owned():
+        _RELEASE.setdefault(home.uid, []).append(fn)
+
+
+def release(home: Home) -> None:
+    """Drop what the caches of *home* hold, and their shared files (the loader closes)."""
+    for fn in _RELEASE.pop(home.uid, []):
+        fn()
+    if home.owned():
+        shutil.rmtree(home.shared, ignore_errors=True)
+
+
+def open_store(stage: Stage, segment: Sequence[Stage], home: Home | None) -> Any:
+    """The store of memo stage *stage*, whose segment is *segment*, for this process."""
+    memo = stage.traits.memo
+    assert memo is not None
+    home = home if home is not None else Home.new(None)
+    return memo(segment=tuple(segment), home=home, **stage._config)
+
+
+def tallies(stages: Sequence[Stage], home: Home) -> dict[int, tuple[int, ...]]:
+    """The caches' counts (hits, misses, the misses' nanoseconds, bytes kept), in every
+    process, by the position of the stage in *stages* that holds them (the cache itself, or
+    the parallel map it runs in)."""
+    out: dict[int, tuple[int, ...]] = {}
+    top = segments(stages)
+    for i, s in enumerate(stages):
+        found = [open_store(s, stages[top[i] : i], home).tally()] if i in top else []
+        for inner in _nested_lists(s):
+            for c, j in segments(inner).items():
+                found.append(open_store(inner[c], inner[j:c], home).tally())
+        if found:
+            out[i] = tuple(sum(col) for col in zip(*found))
+    return out
+
+
+def _nested_lists(stage: Stage) -> Iterator[tuple[Stage, ...]]:
+    """The lists of stages nested in *stage*'s configuration (a parallel map's), deep."""
+    for value in stage._config.values():
+        if _is_stage(value):
+            yield value.stages
+            for s in value.stages:
+                yield from _nested_lists(s)
