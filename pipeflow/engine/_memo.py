@@ -93,6 +93,17 @@ def draws(stage: Stage) -> bool:
     return any("epoch" in s._wants for s in _nested(stage))
 
 
+def drawer(stage: Stage) -> str:
+    """The name of the stage that draws in *stage*: itself, or one nested in it
+    (``"random_map (in parallel_map)"``)."""
+    for value in stage._config.values():
+        if _is_stage(value):
+            for s in value.stages:
+                if draws(s):
+                    return f"{drawer(s)} (in {stage.name})"
+    return str(stage.name)
+
+
 def _nested(stage: Stage) -> Iterator[Stage]:
     """*stage*, and the stages in its configuration (a parallel map's), recursively."""
     for s in stage.stages:
@@ -137,10 +148,11 @@ def segments(stages: Sequence[Stage]) -> dict[int, int]:
 
 
 def _frozen(name: str, random: Stage) -> str:
+    who = drawer(random)
     return (
-        f"{name}: {random.name} before it draws new numbers every epoch, and a {name} would "
+        f"{name}: {who} before it draws new numbers every epoch, and a {name} would "
         f"freeze them (every epoch would see the first epoch's draws); put {name}() before "
-        f"{random.name}: stages after the {name} draw as they would without it"
+        f"{who.split(' ')[0]}: stages after the {name} draw as they would without it"
     )
 
 
