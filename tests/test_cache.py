@@ -190,6 +190,32 @@ def test_a_failed_sample_is_not_kept_and_fails_again(tmp_path: Any) -> None:
     assert [s.ignored_errors for s in cached.stats().stages][-1] == 2
 
 
+def test_a_stream_is_cached_by_shard_and_place_the_reader_still_reads(tmp_path: Any) -> None:
+    paths = []
+    for k in range(3):
+        paths.append(str(tmp_path / f"s{k}.jsonl"))
+        with open(paths[-1], "w") as f:
+            f.writelines(json.dumps({"x": 10 * k + j}) + "\n" for j in range(4))
+    calls: list[Any] = []
+
+    def decode(sample: dict[str, Any]) -> int:
+        calls.append(sample["__key__"])
+        return int(sample["json"]["x"])
+
+    def build(cached: bool) -> pf.Loader[Any]:
+        loader = pf.shards(paths, seed=3) | pf.read_jsonl() | pf.map(decode)
+        loader = loader | pf.cache() if cached else loader
+        return loader | pf.batch(5)
+
+    want = epochs_of(build(False), 3)
+    calls.clear()
+    cached = build(True)
+    assert epochs_of(cached, 3) == want
+    assert len(calls) == 12  # the first epoch only
+    stats = next(s for s in cached.stats().stages if s.name == "cache")
+    assert (stats.cache_hits, stats.cache_misses) == (24, 12)
+
+
 # -- randomness ----------------------------------------------------------------------------------
 
 

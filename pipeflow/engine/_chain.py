@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeflow.engine._context import Context, Hooks
 from pipeflow.engine._failure import Failure
-from pipeflow.engine._memo import Decider, merge, open_store, segments
+from pipeflow.engine._memo import Decider, has_memo, merge, open_store, segments
 from pipeflow.engine._plan import Computed, PassPlan
 from pipeflow.engine._stage import context_after
 from pipeflow.engine._wrappers import Meter, Pass, Route, close_all, cut, guarded, remembering
@@ -61,9 +61,12 @@ def run(
         for i, stage in enumerate(planned.stages):
             at = i + planned.fused  # the stage's position in the loader
             here = _resumed(contexts[i], skip, i)
+            if "memo" in here.facts and stage.traits.memo is None and has_memo((stage,)):
+                here = replace(here, facts={**here.facts, "memo_at": at})  # its caches' place
             upstream = chain[-1]
             if i in starts:  # the first stage of a cache's segment: it gets the misses
-                upstream = _decided(planned.stages, starts[i], i, upstream, context, deciders)
+                c = starts[i]
+                upstream = _decided(planned, c, i, upstream, context, deciders)
             keys = routes[i + 1].keys
             if stage.traits.dataset is not None and keys is not None:  # errors from here name them
                 upstream = remembering(upstream, keys)
@@ -84,7 +87,7 @@ def run(
 
 
 def _decided(
-    stages: tuple[Any, ...],
+    planned: PassPlan,
     c: int,
     j: int,
     keys: Iterator[Any],
@@ -93,8 +96,10 @@ def _decided(
 ) -> Iterator[Any]:
     """The input of the segment ``stages[j:c]`` of the cache at *c*: the *keys* its store
     lacks (its decider, kept in *deciders* for the cache's merge)."""
+    stages = planned.stages
     memo = stages[c]
-    store = open_store(memo, stages[j:c], context.facts.get("memo"))
+    slot = f"{c + planned.fused}"  # its place in the loader
+    store = open_store(memo, stages[j:c], context.facts.get("memo"), slot)
     deciders[c] = Decider(keys, store, memo.name)
     return deciders[c].misses()
 

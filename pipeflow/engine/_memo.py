@@ -17,10 +17,15 @@ Each pass wires a segment so (:func:`assemble`, and the runner for a loader's ow
   next output (it is one-to-one and in order: that key's value), which it stores.
 
 So the output is the uncached pipeline's, item for item, in the order of ``(seed, epoch)``.
-An item that is a ``list`` of keys (a batch of indices, before a batched ``fetch``) is
-decided key by key: the segment gets the list of the missing keys, and the merge puts the
-batch back together. A key that is still in flight when it comes again (a sampler with
-replacement) waits for its first value instead of being computed twice.
+A sample of a stream (``pf.read_tar``'s, ``pf.read_jsonl``'s) is keyed by its shard and its
+place in it (``"__url__"``, ``"__index__"``): the reader still reads it, and the stages
+after the reader do not run. An item that is a ``list`` (a batch of indices, before a
+batched ``fetch``) is decided key by key: the segment gets the list of the missing ones, and
+the merge puts the batch back together. A key that is still in flight when it comes again
+(a sampler with replacement) waits for its first value instead of being computed twice.
+
+The stores are named by the cache's *slot*, its place in the loader, the same in every
+process; a persistent one (``path``) keeps its entries under a digest of its segment.
 """
 
 from __future__ import annotations
@@ -220,7 +225,8 @@ class Decider:
             self.queue.append(_Unit([], [], [], False, item))
             return True
         batch = isinstance(item, list)
-        keys = item if batch else [item]
+        items = item if batch else [item]
+        keys = [x if type(x) is int else identity(x) for x in items]
         values, fed = [], []
         get, flying = self.store.get, self.flying
         for i, k in enumerate(keys):
@@ -238,7 +244,7 @@ class Decider:
             values.append(v)
         self.queue.append(_Unit(keys, values, fed, batch))
         if fed:
-            self.unfed.append([keys[i] for i in fed] if batch else item)
+            self.unfed.append([items[i] for i in fed] if batch else item)
         return True
 
     def misses(self) -> Iterator[Any]:
@@ -277,11 +283,21 @@ class Decider:
             return value
 
 
+def identity(item: Any) -> Any:
+    """The key of an input of a segment: the item itself (a dataset index), or, for a sample
+    of a stream (a dict with ``"__url__"`` and ``"__index__"``, as the shard readers make),
+    its shard and its place there."""
+    if type(item) is dict and "__url__" in item and "__index__" in item:
+        return (item["__url__"], item["__index__"])
+    return item
+
+
 def _unhashable(name: str, key: Any) -> str:
     return (
         f"{name}: its keys are the items that enter the stages above it (a dataset's indices, "
-        f"for pf.fetch), but one is a {type(key).__name__}, which can't be a key; put "
-        f"{name}() after stages that read indices, such as pf.fetch(dataset)"
+        f"for pf.fetch; a stream's samples, by their '__url__' and '__index__'), but one is "
+        f"a {type(key).__name__}, which can't be a key; put {name}() after stages that read "
+        "indices, such as pf.fetch(dataset), or that read a stream's samples"
     )
 
 
@@ -472,25 +488,30 @@ def release(home: Home) -> None:
         shutil.rmtree(home.shared, ignore_errors=True)
 
 
-def open_store(stage: Stage, segment: Sequence[Stage], home: Home | None) -> Any:
-    """The store of memo stage *stage*, whose segment is *segment*, for this process."""
+def open_store(stage: Stage, segment: Sequence[Stage], home: Home | None, slot: str) -> Any:
+    """The store of memo stage *stage*, whose segment is *segment*, for this process.
+
+    *slot* names the cache in its loader, the same in every process: ``"3"`` for the loader's
+    stage 3, ``"2.1"`` for stage 1 inside the loader's stage 2 (a parallel map)."""
     memo = stage.traits.memo
     assert memo is not None
     home = home if home is not None else Home.new(None)
-    return memo(segment=tuple(segment), home=home, **stage._config)
+    return memo(segment=tuple(segment), home=home, slot=slot, **stage._config)
 
 
-def tallies(stages: Sequence[Stage], home: Home) -> dict[int, tuple[int, ...]]:
+def tallies(stages: Sequence[Stage], home: Home, fused: int) -> dict[int, tuple[int, ...]]:
     """The caches' counts (hits, misses, the misses' nanoseconds, bytes kept), in every
-    process, by the position of the stage in *stages* that holds them (the cache itself, or
-    the parallel map it runs in)."""
+    process, by the position of the stage in *stages* (a loader's running stages, after the
+    *fused* ones its plan computes) that holds them (the cache, or the parallel map it runs
+    in)."""
     out: dict[int, tuple[int, ...]] = {}
     top = segments(stages)
     for i, s in enumerate(stages):
-        found = [open_store(s, stages[top[i] : i], home).tally()] if i in top else []
+        at = i + fused
+        found = [open_store(s, stages[top[i] : i], home, f"{at}").tally()] if i in top else []
         for inner in _nested_lists(s):
             for c, j in segments(inner).items():
-                found.append(open_store(inner[c], inner[j:c], home).tally())
+                found.append(open_store(inner[c], inner[j:c], home, f"{at}.{c}").tally())
         if found:
             out[i] = tuple(sum(col) for col in zip(*found))
     return out

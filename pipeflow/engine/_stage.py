@@ -431,7 +431,8 @@ class Pipe(Stage[In, Out]):
                 return s.apply(it, contexts[i])
 
             def store(c: int, j: int) -> Any:
-                return open_store(self._stages[c], self._stages[j:c], home)
+                slot = f"{context.facts.get('memo_at', 'pipe')}.{c}"
+                return open_store(self._stages[c], self._stages[j:c], home, slot)
 
             return assemble(self._stages, iter(upstream), each, store)
         it: Iterable[Any] = upstream

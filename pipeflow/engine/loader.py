@@ -266,7 +266,8 @@ class Loader(Seeded, Generic[Out]):
         stats = summarize(self._stats_record())
         if self._home is None:
             return stats
-        counts = tallies(self.plan().stages, self._home)  # the caches', in every process
+        planned = self.plan()
+        counts = tallies(planned.stages, self._home, planned.fused)  # in every process
         return with_caches(stats, {i + 1: c for i, c in counts.items()})
 
     def _stats_record(self) -> LoaderRecord:

@@ -232,10 +232,10 @@ class MemoryStore(_Counts):
     """
 
     def __init__(
-        self, max_bytes: int | None, files: FileStore | None, shared: str, digest: str
+        self, max_bytes: int | None, files: FileStore | None, shared: str, slot: str
     ) -> None:
         super().__init__()
-        self.shared, self.digest = shared, digest  # where worker processes' counts are
+        self.shared, self.slot = shared, slot  # where worker processes' counts are
         self.data: dict[Any, Any] = {}
         self.held = 0
         self.max_bytes = max_bytes
@@ -274,7 +274,7 @@ class MemoryStore(_Counts):
     def tally(self) -> tuple[int, int, int, int]:
         """This cache's counts in every process: this one's, and its worker processes'."""
         totals = list(self.numbers())
-        for name in glob.glob(os.path.join(self.shared, f"counts-{self.digest}-*")):
+        for name in glob.glob(os.path.join(self.shared, f"counts-{self.slot}-*")):
             with contextlib.suppress(OSError, struct.error), open(name, "rb") as f:
                 for i, v in enumerate(_COUNTS.unpack(f.read(_COUNTS.size))):
                     totals[i] += v
@@ -417,33 +417,35 @@ def _code(h: Any, code: Any) -> None:
 
 
 # -- opening ------------------------------------------------------------------------------
-_OPEN: dict[tuple[str, str], Any] = {}  # this process's stores, by (home, fingerprint)
+_OPEN: dict[tuple[str, str], Any] = {}  # this process's stores, by (home, slot)
 _LOCK = threading.Lock()
 
 
 def open_store(
     segment: tuple[Stage[Any, Any], ...],
     home: Home,
+    slot: str,
     path: str | None,
     max_bytes: int | None,
 ) -> Any:
-    """The store of a cache over *segment* in this process: in memory in the loader's process
-    (its thread workers share it), in files in a worker process (``path``, else shared
-    memory)."""
-    digest = fingerprint(segment, home.length)
-    key = (home.uid, digest)
+    """The store of the cache at *slot* (over *segment*) in this process: in memory in the
+    loader's process (its thread workers share it), in files in a worker process (``path``,
+    else shared memory). A ``path``'s entries are under the segment's :func:`fingerprint`."""
+    key = (home.uid, slot)
     with _LOCK:
         store = _OPEN.get(key)
         if store is not None:
             return store
-        files = FileStore(os.path.join(path, digest)) if path is not None else None
+        files = None
+        if path is not None:
+            files = FileStore(os.path.join(path, fingerprint(segment, home.length)))
         if home.owned():
-            store = MemoryStore(max_bytes, files, home.shared, digest)
+            store = MemoryStore(max_bytes, files, home.shared, slot)
             on_release(home, lambda: _drop(key))
         else:
-            counts = os.path.join(home.shared, f"counts-{digest}-{os.getpid()}")
+            counts = os.path.join(home.shared, f"counts-{slot}-{os.getpid()}")
             if files is None:
-                where = os.path.join(home.shared, digest)
+                where = os.path.join(home.shared, slot)
                 files = FileStore(where, max_bytes, counts, verify=False)
             else:
                 files = FileStore(files.root, None, counts)

@@ -107,9 +107,13 @@ def _unwired(items: Iterable[Any], path: str | None, max_bytes: int | None) -> I
 
 
 def _store(
-    segment: tuple[Stage[Any, Any], ...], home: Home, path: str | None, max_bytes: int | None
+    segment: tuple[Stage[Any, Any], ...],
+    home: Home,
+    slot: str,
+    path: str | None,
+    max_bytes: int | None,
 ) -> Any:
     """The engine's door to the cache's store (see :attr:`pipeflow.Traits.memo`)."""
     from pipeflow.stages._cache_store import open_store
 
-    return open_store(segment, home, path, max_bytes)
+    return open_store(segment, home, slot, path, max_bytes)

@@ -140,7 +140,8 @@ class MapJob:
         stores = self.__dict__.setdefault("_stores", {})
         if c not in stores:
             stages = self.stages or ()
-            stores[c] = open_store(stages[c], stages[j:c], self.facts.get("memo"))
+            slot = f"{self.facts.get('memo_at')}.{c}"  # the cache's place in the loader
+            stores[c] = open_store(stages[c], stages[j:c], self.facts.get("memo"), slot)
         return stores[c]
 
     def without_torch(self) -> None:
