@@ -457,3 +457,39 @@ def test_the_shared_files_of_a_killed_loader_go_when_the_next_one_starts(tmp_pat
     _memo._SWEPT.clear()  # a new process would sweep at its first loader with a cache
     Home.new(None)
     assert not os.path.exists(shared)
+
+
+def test_a_cache_after_collate_is_refused_not_split_into_rows() -> None:
+    rows = [np.full(2, i) for i in range(8)]
+    loader = pf.indices(8) | pf.batch(4) | pf.fetch(rows) | pf.collate() | pf.cache()
+    with pytest.raises(
+        ValueError, match=r"made a Tensor \(not a list of samples\) from a batch of 4"
+    ):
+        list(loader)
+
+
+def test_stats_between_epochs_leave_forked_workers_their_shared_store(tmp_path: Any) -> None:
+    where = str(tmp_path)
+    data = Counted(10, where)
+    work = pf.fetch(data) | pf.cache() | pf.map(tuple)
+    stage = pf.parallel_map(work, workers=2, backend="process", mp_context="fork")
+    loader = pf.indices(10) | pf.shuffle(seed=1) | pf.batch(4) | stage
+    for _ in range(3):
+        list(loader)
+        row = loader.stats().stages[-1]  # the parent opens its own view of the cache
+    assert computed(where) == list(range(10))
+    assert (row.cache_hits, row.cache_misses) == (20, 10)
+    loader.close()
+
+
+def test_a_state_resumes_with_another_path_or_cap(tmp_path: Any) -> None:
+    def build(path: str | None, cap: int | None) -> pf.Loader[Any]:
+        work = pf.map(decode)
+        return pf.indices(6) | pf.map(lambda i: bytes([i])) | work | pf.cache(path, max_bytes=cap)
+
+    loader = build(str(tmp_path / "a"), None)
+    it = iter(loader)
+    head = [next(it) for _ in range(2)]
+    fresh = build(None, 100)
+    fresh.load_state_dict(loader.state_dict())
+    assert head + list(fresh) == [bytes([i]) for i in range(6)]

@@ -162,7 +162,7 @@ def test_every_public_function_with_keywords_checks_them() -> None:
     names = {name for name, _, _ in PUBLIC}
     assert {"batch", "shuffle", "parallel_map", "parallel_source", "collate", "fetch"} <= names
     assert {"map", "ignore_errors", "progress", "shards", "mix", "pack", "stage"} <= names
-    assert len(names) == 29  # every function in pf.__all__ but default_collate, default_convert
+    assert len(names) == 30  # every function in pf.__all__ but default_collate, default_convert
 
 
 @pytest.mark.parametrize(

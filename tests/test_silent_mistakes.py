@@ -157,6 +157,7 @@ def _stages() -> dict[str, Callable[[], Any]]:
     return {
         "batch": lambda: pf.batch(2),
         "bucket": lambda: pf.bucket([4], length=len, batch_size=2, window=8),
+        "cache": lambda: pf.map(abs) | pf.cache(),
         "collate": lambda: pf.collate(),
         "fetch": lambda: pf.fetch(DATASET),
         "filter": lambda: pf.filter(bool),

@@ -354,13 +354,11 @@ def merge(decider: Decider, segment: Iterator[Any]) -> Iterator[Any]:
 
 
 def _made(name: str, unit: _Unit, out: Any) -> Sequence[Any]:
-    """The values the segment made for *unit*'s fed keys."""
+    """The values the segment made for *unit*'s fed keys: for a batch, a list of one sample
+    per key (a collated batch, a tuple or a dict would come out changed: refused)."""
     if not unit.batch:
         return (out,)
-    try:
-        n = len(out)
-    except TypeError:
-        n = -1
+    n = len(out) if type(out) is list else -1
     if n != len(unit.fed):
         msg = (
             f"{name}: the stages above it made {_what(out, n)} from a batch of "
@@ -373,7 +371,7 @@ def _made(name: str, unit: _Unit, out: Any) -> Sequence[Any]:
 
 
 def _what(out: Any, n: int) -> str:
-    return f"a {type(out).__name__}" if n < 0 else f"{n} items"
+    return f"a {type(out).__name__} (not a list of samples)" if n < 0 else f"{n} samples"
 
 
 def assemble(

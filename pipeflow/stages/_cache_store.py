@@ -417,7 +417,7 @@ def _code(h: Any, code: Any) -> None:
 
 
 # -- opening ------------------------------------------------------------------------------
-_OPEN: dict[tuple[str, str], Any] = {}  # this process's stores, by (home, slot)
+_OPEN: dict[tuple[str, str, int], Any] = {}  # this process's stores, by (home, slot, pid)
 _LOCK = threading.Lock()
 
 
@@ -431,7 +431,7 @@ def open_store(
     """The store of the cache at *slot* (over *segment*) in this process: in memory in the
     loader's process (its thread workers share it), in files in a worker process (``path``,
     else shared memory). A ``path``'s entries are under the segment's :func:`fingerprint`."""
-    key = (home.uid, slot)
+    key = (home.uid, slot, os.getpid())  # a forked worker's own, not its parent's copy
     with _LOCK:
         store = _OPEN.get(key)
         if store is not None:
@@ -454,7 +454,7 @@ def open_store(
         return store
 
 
-def _drop(key: tuple[str, str]) -> None:
+def _drop(key: tuple[str, str, int]) -> None:
     with _LOCK:
         store = _OPEN.pop(key, None)
     if store is not None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pipeflow import _checks
 from pipeflow.engine._memo import Home
 from pipeflow.engine._stage import Stage, Traits
+from pipeflow.resume.state import Rule
 
 __all__ = ["cache"]
 
@@ -48,7 +49,8 @@ def cache(
     cache that writes into a sample must copy it first.
 
     The cache is not part of the loader's state: a state taken with it resumes exactly in a
-    fresh loader, warm or cold, since the stages it spares give the same values.
+    fresh loader, warm or cold, since the stages it spares give the same values; its *path*
+    and *max_bytes* may differ there (another machine's scratch directory).
 
     Args:
         path: a directory that keeps the cache on disk: reused by later runs of the same
@@ -74,6 +76,7 @@ def cache(
         >>> def decode(i):
         ...     calls.append(i)
         ...     return i * 10
+        ...
         >>> loader = pf.indices(4) | pf.shuffle(seed=0) | pf.map(decode) | pf.cache()
         >>> first, second = list(loader), list(loader)
         >>> len(calls)  # the second epoch decoded nothing
@@ -96,9 +99,19 @@ def cache(
         "cache",
         config,
         length="same",
-        skip="same",
+        resume=_RULE,
         traits=Traits(failures="pass", memo=_store),
     )
+
+
+def _identity(stage: Stage[Any, Any]) -> list[str]:
+    """What a state compares: that there is a cache here, not where it keeps its entries or
+    how many (a run resumes on another machine, with another scratch directory)."""
+    return ["cache()"]
+
+
+#: One out per one in, in order; its path and cap are not part of the pipeline's identity.
+_RULE = Rule.below("same", identity=_identity)
 
 
 def _unwired(items: Iterable[Any], path: str | None, max_bytes: int | None) -> Iterator[Any]:
