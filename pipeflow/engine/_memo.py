@@ -176,7 +176,7 @@ def has_memo(stages: Sequence[Stage]) -> bool:
     return any(t.traits.memo is not None for s in stages for t in _nested(s))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Unit:
     """One input of the segment, decided: its keys, their values (``MISSING`` for those
     the segment makes, ``_WAIT`` for those in flight), and the keys it feeds the segment."""
@@ -221,10 +221,14 @@ class Decider:
         except StopIteration:
             self.ended = True
             return False
+        if type(item) is int:  # a dataset index: the common case, decided at once
+            return self._one(item, item)
         if isinstance(item, Failure):  # an item that failed above the segment: around it
             self.queue.append(_Unit([], [], [], False, item))
             return True
         batch = isinstance(item, list)
+        if not batch:
+            return self._one(identity(item), item)
         items = item if batch else [item]
         keys = [x if type(x) is int else identity(x) for x in items]
         values, fed = [], []
@@ -245,6 +249,26 @@ class Decider:
         self.queue.append(_Unit(keys, values, fed, batch))
         if fed:
             self.unfed.append([items[i] for i in fed] if batch else item)
+        return True
+
+    def _one(self, key: Any, item: Any) -> bool:
+        """Decide one key (of the item *item*)."""
+        flying = self.flying
+        try:
+            again = key in flying
+        except TypeError:
+            raise TypeError(_unhashable(self.name, key)) from None
+        if again:
+            flying[key] += 1
+            self.queue.append(_Unit([key], [_WAIT], [], False))
+            return True
+        value = self.store.get(key)
+        if value is MISSING:
+            flying[key] = 1
+            self.queue.append(_Unit([key], [value], [0], False))
+            self.unfed.append(item)
+        else:
+            self.queue.append(_Unit([key], [value], [], False))
         return True
 
     def misses(self) -> Iterator[Any]:
@@ -304,53 +328,67 @@ def _unhashable(name: str, key: Any) -> str:
 def merge(decider: Decider, segment: Iterator[Any]) -> Iterator[Any]:
     """The decisions, in order: a hit is the stored value, a miss the segment's next output,
     which goes into the store. The store counts hits, misses and the time the misses took
-    (``count(hits, misses, ns)``)."""
-    name = decider.name
-    put, count = decider.store.put, decider.store.count
-    while True:
-        unit = decider.next_unit()
-        if unit is None:
-            break
-        if unit.passthrough is not MISSING:
-            yield unit.passthrough
-            continue
-        values = unit.values
-        if unit.fed:
-            t0 = time.perf_counter_ns()
-            try:
-                out = next(segment)
-            except StopIteration:
-                msg = (
-                    f"{name}: the stages above it made fewer items than they were given "
-                    "(one of them dropped an item, so no key can be matched to its value)"
-                )
-                raise RuntimeError(msg) from None
-            spent = time.perf_counter_ns() - t0
-            if isinstance(out, Failure):  # the item failed: out in its place, not stored
-                for i in unit.fed:
-                    decider.landing(unit.keys[i], out)
-                count(len(unit.keys) - len(unit.fed), len(unit.fed), spent)
-                yield out
+    (``count(hits, misses, ns)``, told every 256 keys and when the pass ends)."""
+    tally = [0, 0, 0]  # hits, misses, the misses' ns: not told the store yet
+    count = decider.store.count
+    try:
+        while True:
+            unit = decider.next_unit()
+            if unit is None:
+                break
+            if unit.passthrough is not MISSING:
+                yield unit.passthrough
                 continue
-            made = _made(name, unit, out)
-            for i, v in zip(unit.fed, made):
-                values[i] = v
-                decider.landing(unit.keys[i], v)
-                put(unit.keys[i], v)
-            count(len(unit.keys) - len(unit.fed), len(unit.fed), spent)
-        else:
-            count(len(unit.keys), 0, 0)
-        for i, v in enumerate(values):
-            if v is _WAIT:
-                values[i] = decider.waited(unit.keys[i])
-        if unit.batch:
-            yield values
-        else:
-            yield values[0]
-    for extra in segment:
-        del extra
-        msg = f"{name}: the stages above it made more items than they were given"
-        raise RuntimeError(msg)
+            if unit.fed:
+                out = _fed(decider, unit, segment, tally)
+                if out is not None:  # the item failed: out in its place, not stored
+                    yield out
+                    continue
+            else:
+                tally[0] += len(unit.keys)
+            values = unit.values
+            for i, v in enumerate(values):
+                if v is _WAIT:
+                    values[i] = decider.waited(unit.keys[i])
+            yield values if unit.batch else values[0]
+            if tally[0] + tally[1] >= 256:
+                count(*tally)
+                tally[:] = [0, 0, 0]
+        for extra in segment:
+            del extra
+            msg = f"{decider.name}: the stages above it made more items than they were given"
+            raise RuntimeError(msg)
+    finally:
+        if tally[0] or tally[1]:
+            count(*tally)
+
+
+def _fed(decider: Decider, unit: _Unit, segment: Iterator[Any], tally: list[int]) -> Any:
+    """Fill *unit*'s misses from the segment's next output, and store them; the output when
+    it is a failure (nothing stored), else ``None``."""
+    t0 = time.perf_counter_ns()
+    try:
+        out = next(segment)
+    except StopIteration:
+        msg = (
+            f"{decider.name}: the stages above it made fewer items than they were given "
+            "(one of them dropped an item, so no key can be matched to its value)"
+        )
+        raise RuntimeError(msg) from None
+    tally[2] += time.perf_counter_ns() - t0
+    tally[0] += len(unit.keys) - len(unit.fed)
+    tally[1] += len(unit.fed)
+    keys, values = unit.keys, unit.values
+    if isinstance(out, Failure):
+        for i in unit.fed:
+            decider.landing(keys[i], out)
+        return out
+    put = decider.store.put
+    for i, v in zip(unit.fed, _made(decider.name, unit, out)):
+        values[i] = v
+        decider.landing(keys[i], v)
+        put(keys[i], v)
+    return None
 
 
 def _made(name: str, unit: _Unit, out: Any) -> Sequence[Any]:
