@@ -419,9 +419,17 @@ def test_a_torn_or_foreign_entry_is_recomputed_never_served(tmp_path: Any) -> No
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last[0] ^ 1]))
     os.replace(entries[3], swapped)  # another key's entry under this name
-    with open(os.path.join(os.path.dirname(torn), ".tmp-1-2-3"), "wb") as f:
-        f.write(b"half")  # a write the crash interrupted
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    interrupted = os.path.join(os.path.dirname(torn), f".tmp-{dead.stdout.strip()}-2-3")
+    with open(interrupted, "wb") as f:
+        f.write(b"half")  # a write the crash interrupted, by a process gone now
     assert run_elsewhere(path, calls) == first
+    assert not os.path.exists(interrupted)
     names = {os.path.basename(p)[1:] for p in (torn, flipped, swapped, entries[3])}
     assert sorted(computed(calls)) == sorted(int(x) for x in names)
 

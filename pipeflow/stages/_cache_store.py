@@ -107,6 +107,8 @@ class FileStore(_Counts):
         self.verify = verify  # check each entry's CRC (a persistent one may be torn)
         os.makedirs(root, exist_ok=True)
         self._seq = itertools.count()
+        if verify:
+            _clear_torn_writes(root)
 
     def _file(self, key: Any) -> str:
         if type(key) is int:
@@ -171,6 +173,25 @@ class FileStore(_Counts):
             return True
         finally:
             os.close(fd)
+
+
+def _clear_torn_writes(root: str) -> None:
+    """Remove the temporary files of writes a crash interrupted (their process is gone)."""
+    for tmp in glob.glob(os.path.join(root, ".tmp-*-*-*")):
+        pid = os.path.basename(tmp).split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _encode(key: Any, value: Any) -> list[bytes | memoryview]:
