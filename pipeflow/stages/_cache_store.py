@@ -64,8 +64,7 @@ class _Counts:
 
     def _stored(self, size: int) -> None:
         with self._lock:
-            self.stored += size
-        self._flush()
+            self.stored += size  # written out with the next counts
 
     def numbers(self) -> tuple[int, int, int, int]:
         return self.hits, self.misses, self.miss_ns, self.stored
@@ -139,7 +138,7 @@ class FileStore(_Counts):
         """Write *value* under *key*; ``False`` when the cap leaves no room (or the value
         can't be pickled: it is recomputed instead)."""
         try:
-            parts = _encode(key, value)
+            parts = _encode(key, value, self.verify)
         except Exception:  # a value that can't be pickled is computed again, never lost
             return False
         size = sum(len(p) for p in parts)
@@ -194,9 +193,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _encode(key: Any, value: Any) -> list[bytes | memoryview]:
+def _encode(key: Any, value: Any, checksum: bool) -> list[bytes | memoryview]:
     """The file of one entry: the fixed header, the variable header, then the pickle and its
-    out-of-band buffers, each on a 64-byte boundary."""
+    out-of-band buffers, each on a 64-byte boundary (the payload's CRC in the header, when
+    *checksum*: a persistent entry's; else 0)."""
     buffers: list[pickle.PickleBuffer] = []
     main = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]
@@ -211,7 +211,7 @@ def _encode(key: Any, value: Any) -> list[bytes | memoryview]:
         body += [b"\0" * pad, r]
         at += pad + r.nbytes
     crc = 0
-    for p in body:
+    for p in body if checksum else ():
         crc = zlib.crc32(p, crc)
     payload = at - start
     return [_HEAD.pack(_MAGIC, len(meta), payload, crc), meta, *body]
