@@ -60,9 +60,7 @@ def run(
         chain.append(it)
         for i, stage in enumerate(planned.stages):
             at = i + planned.fused  # the stage's position in the loader
-            here = _resumed(contexts[i], skip, i)
-            if "memo" in here.facts and stage.traits.memo is None and has_memo((stage,)):
-                here = replace(here, facts={**here.facts, "memo_at": at})  # its caches' place
+            here = _placed(stage, _resumed(contexts[i], skip, i), at)
             upstream = chain[-1]
             if i in starts:  # the first stage of a cache's segment: it gets the misses
                 c = starts[i]
@@ -84,6 +82,14 @@ def run(
         close_all(chain)
         raise
     return Pass(chain, progress, record, first)
+
+
+def _placed(stage: Any, context: Context, at: int) -> Context:
+    """*context*, telling a stage that runs caches inside it (a parallel map's workers) its
+    place in the loader, which names their stores in every process."""
+    if "memo" in context.facts and stage.traits.memo is None and has_memo((stage,)):
+        return replace(context, facts={**context.facts, "memo_at": at})
+    return context
 
 
 def _decided(
