@@ -323,3 +323,19 @@ def test_a_node_removed_mid_epoch_loses_and_repeats_nothing(cluster: Any, caplog
     # those it held and re-sent included, came from the node that is left.
     last = max(i for i, n in got if n == node.node_id)
     assert {n for i, n in got if i > last} == {left.node_id}, last
+
+
+def test_items_go_to_the_actors_that_run_when_the_cluster_has_no_room_for_all(
+    cluster: Any, caplog: Any
+) -> None:
+    """Three actors of 2 CPUs on two nodes of 2: the third has no room while the others run
+    (the pass used to wait for it forever); the items go to the two that run, in order."""
+    stage = pf.parallel_map(
+        abs, workers=3, backend="ray", ray_options={"num_cpus": 2}, timeout=120
+    )
+    loader = pf.from_iterable(range(-40, 0)) | stage
+    with caplog.at_level(logging.WARNING, logger="pipeflow"):
+        for _ in range(2):  # and again: a pass does not wait for the actor still waiting
+            assert list(loader) == list(range(40, 0, -1))
+    assert "the actors that run take the items" in caplog.text
+    loader.close()

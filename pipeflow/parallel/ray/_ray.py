@@ -110,7 +110,7 @@ class RayPool(TakingTurns):
         self.filling: int | None = None  # least load: the actor a run of items goes to
         self.actors: list[Any] = [None] * workers
         self.places: list[Any] = [None] * workers  # (pid, address, node id), or its ref
-        _check_fits(name, workers, self.options)
+        _check_fits(name, workers, self.options, round_robin)
         LIVE.add(self)
         for wid in range(workers):
             self._start(wid)
@@ -179,10 +179,28 @@ class RayPool(TakingTurns):
             return wid
         best, choice = self.depth, None
         for wid, items in enumerate(self.outstanding):
-            if len(items) < best and self.active[wid]:
+            if len(items) < best and self.active[wid] and self._started(wid):
                 best, choice = len(items), wid
         self.filling = choice
         return choice
+
+    def _started(self, wid: int) -> bool:
+        """Whether actor *wid* runs (it has said where): an actor the cluster has no room
+        for yet gets no items (least load), so they never wait for room that may not come."""
+        return isinstance(self.places[wid], tuple)
+
+    def _waiting_places(self) -> dict[Any, int]:
+        """The actors that have not said where they run yet, by the reference of the answer."""
+        return {p: wid for wid, p in enumerate(self.places) if not isinstance(p, tuple)}
+
+    def _note_places(self, refs: list[Any]) -> None:
+        """Take the answers of actors that started (they get items from now on)."""
+        waiting = self._waiting_places()
+        for ref in refs:
+            wid = waiting.get(ref)
+            if wid is not None:
+                with contextlib.suppress(Exception):  # a death shows on its calls
+                    self.places[wid] = ray.get(ref)
 
     def _send(self) -> None:
         """Send the queued items, in calls of up to ``per_call``."""
@@ -200,14 +218,18 @@ class RayPool(TakingTurns):
         """Send what is queued; wait for calls to answer (``None``: none within *timeout*).
         The list may be empty when the calls that answered were a dead actor's."""
         self._send()
-        if not self.calls:
+        # Actors not started yet (no room in the cluster) join as they start: their
+        # answer wakes this wait, and the next items go to them too.
+        waiting = [] if self.round_robin else list(self._waiting_places())
+        if not self.calls and not waiting:
             return []
-        refs = list(self.calls)
+        refs = [*self.calls, *waiting]
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if not ready:
             return None
         if len(refs) > 1:  # and every other one that has answered by now
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        self._note_places(ready)
         out: list[Reply] = []
         for ref in ready:
             if ref in self.calls:  # (not a call of an actor replaced meanwhile)
@@ -317,7 +339,11 @@ class RayPool(TakingTurns):
     def _replace_the_dead(self) -> None:
         """Between passes: an actor that died since (killed while idle) is replaced. Nothing
         was lost: no restart is used."""
-        probes = {wid: actor.place.remote() for wid, actor in enumerate(self.actors)}
+        self._note_places(ray.wait(list(self._waiting_places()), timeout=0)[0])
+        # An actor still waiting for room is not probed (its answer would never come).
+        probes = {
+            wid: actor.place.remote() for wid, actor in enumerate(self.actors) if self._started(wid)
+        }
         ray.wait(list(probes.values()), num_returns=len(probes), timeout=None)
         for wid, probe in probes.items():
             try:
@@ -417,18 +443,17 @@ def _pickled(spec: WorkerSpec, name: str) -> bytes:
         raise TypeError(msg) from e
 
 
-def _check_fits(name: str, workers: int, options: dict[str, Any]) -> None:
+def _check_fits(name: str, workers: int, options: dict[str, Any], round_robin: bool) -> None:
     """Warn when the cluster has too few free CPUs for the actors: those that do not fit
-    wait for room (another pass's actors to end, an autoscaler to add nodes), and their
-    items with them."""
+    wait for room (another pass's actors to end, an autoscaler to add nodes); the items go to
+    those that run, except with *round_robin* (item k is actor k % workers')."""
     need = float(options.get("num_cpus") or 0) * workers
     free = float(ray.available_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
     if need > free:
         have = float(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
         log.warning(
             "pipeflow: parallel stage %r: %d ray actors of num_cpus=%s need %g CPUs, and the "
-            "Ray cluster has %g free (of %g); the actors that do not fit wait until it has "
-            "room, and their items with them. Use fewer workers, a smaller "
+            "Ray cluster has %g free (of %g); %s. Use fewer workers, a smaller "
             "ray_options['num_cpus'], or a larger cluster (or close the loaders whose "
             "persistent actors hold CPUs)",
             name,
@@ -437,6 +462,11 @@ def _check_fits(name: str, workers: int, options: dict[str, Any]) -> None:
             need,
             free,
             have,
+            "with round_robin, the actors that do not fit wait until it has room, and their "
+            "items with them"
+            if round_robin
+            else "the actors that run take the items, and the others join them as the "
+            "cluster makes room",
         )
 
 
