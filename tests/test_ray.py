@@ -330,9 +330,7 @@ def test_items_go_to_the_actors_that_run_when_the_cluster_has_no_room_for_all(
 ) -> None:
     """Three actors of 2 CPUs on two nodes of 2: the third has no room while the others run
     (the pass used to wait for it forever); the items go to the two that run, in order."""
-    stage = pf.parallel_map(
-        abs, workers=3, backend="ray", ray_options={"num_cpus": 2}, timeout=120
-    )
+    stage = pf.parallel_map(abs, workers=3, backend="ray", ray_options={"num_cpus": 2}, timeout=120)
     loader = pf.from_iterable(range(-40, 0)) | stage
     with caplog.at_level(logging.WARNING, logger="pipeflow"):
         for _ in range(2):  # and again: a pass does not wait for the actor still waiting
