@@ -511,3 +511,50 @@ def test_a_state_resumes_with_another_path_or_cap(tmp_path: Any) -> None:
     fresh = build(None, 100)
     fresh.load_state_dict(loader.state_dict())
     assert head + list(fresh) == [bytes([i]) for i in range(6)]
+
+
+_SPAWNED = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {root!r})
+    import pipeflow as pf
+
+    CALLS = os.environ["CALLS"]  # the spawned workers import this script again
+
+
+    def decode(i):
+        open(os.path.join(CALLS, f"{{os.getpid()}}-{{i}}"), "w").close()
+        return i * 3
+
+
+    if __name__ == "__main__":
+        path = sys.argv[1]
+        work = pf.fetch(list(range(9))) | pf.map(decode) | pf.cache(path)
+        stage = pf.parallel_map(work, workers=2, backend="process", mp_context="spawn")
+        with pf.indices(9) | stage as spawned:
+            want = list(spawned)
+        first = len(os.listdir(CALLS))
+        inline = pf.indices(9) | pf.fetch(list(range(9))) | pf.map(decode) | pf.cache(path)
+        assert list(inline) == want
+        print(first, len(os.listdir(CALLS)) - first, len(os.listdir(path)))
+    """
+)
+
+
+def test_a_disk_cache_written_by_spawned_workers_serves_the_main_script(tmp_path: Any) -> None:
+    """The script's own functions are ``__mp_main__``'s in its spawned workers, and
+    ``__main__``'s in it: one identity, so the script reads what its workers wrote."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    script = tmp_path / "train.py"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script.write_text(_SPAWNED.format(root=root))
+    env = {**os.environ, "CALLS": str(calls)}
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    assert out.stdout.split() == ["9", "0", "1"]  # computed by the workers, then never

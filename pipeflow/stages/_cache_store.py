@@ -399,7 +399,7 @@ def _feed(h: Any, obj: Any, depth: int) -> None:
 def _object(h: Any, obj: Any, depth: int) -> None:
     """An object's identity: its class, its length, its code, its attributes."""
     cls = type(obj)
-    h.update(f"<{cls.__module__}.{cls.__qualname__}>".encode())
+    h.update(f"<{_module(cls)}.{cls.__qualname__}>".encode())
     with contextlib.suppress(Exception):
         h.update(f"len={len(obj)}".encode())
     for method in ("__call__", "__getitem__", "__getitems__"):
@@ -414,7 +414,7 @@ def _object(h: Any, obj: Any, depth: int) -> None:
 def _function(h: Any, obj: Any, code: Any, depth: int) -> None:
     """A function's identity: its name, its code, its defaults, what it closes over, and
     the object it is bound to."""
-    h.update(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}".encode())
+    h.update(f"{_module(obj)}.{getattr(obj, '__qualname__', '')}".encode())
     if code is not None:
         _code(h, code)
         _feed(h, getattr(obj, "__defaults__", None), depth + 1)
@@ -424,6 +424,14 @@ def _function(h: Any, obj: Any, code: Any, depth: int) -> None:
     bound = getattr(obj, "__self__", None)
     if bound is not None and not inspect.ismodule(bound):
         _feed(h, bound, depth + 1)
+
+
+def _module(obj: Any) -> str:
+    """*obj*'s module's name; the main script's is ``__main__`` in every process (a spawned
+    worker imports it as ``__mp_main__``), so that its workers find the main process's
+    entries."""
+    name = str(getattr(obj, "__module__", "") or "")
+    return "__main__" if name == "__mp_main__" else name
 
 
 def _code(h: Any, code: Any) -> None:
