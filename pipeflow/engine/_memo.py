@@ -52,6 +52,7 @@ __all__ = [
     "MISSING",
     "Decider",
     "Home",
+    "alive",
     "assemble",
     "check",
     "draws",
@@ -489,14 +490,15 @@ def _sweep() -> None:
     _SWEPT.append(True)
     for root in glob.glob(os.path.join(_shm_base(), f"{_PREFIX}*-*")):
         pid = root.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(root, ignore_errors=True)
 
 
 _SWEPT: list[bool] = []
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process *pid* runs (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

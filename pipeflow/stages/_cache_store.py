@@ -33,7 +33,7 @@ import threading
 import zlib
 from typing import Any
 
-from pipeflow.engine._memo import MISSING, Home, on_release
+from pipeflow.engine._memo import MISSING, Home, alive, on_release
 from pipeflow.engine._stage import Stage
 from pipeflow.resume._seeds import Seeded
 
@@ -178,19 +178,9 @@ def _clear_torn_writes(root: str) -> None:
     """Remove the temporary files of writes a crash interrupted (their process is gone)."""
     for tmp in glob.glob(os.path.join(root, ".tmp-*-*-*")):
         pid = os.path.basename(tmp).split("-")[1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def _encode(key: Any, value: Any, checksum: bool) -> list[bytes | memoryview]:
