@@ -63,11 +63,9 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -77,7 +75,7 @@ if not __package__:  # run as ``python benchmarks/cache.py``: make ``benchmarks`
     sys.path.insert(0, _ROOT)
 
 from benchmarks._harness import Row
-from benchmarks.memory import _Lines, _rollup, _tree
+from benchmarks.memory import Child, _rollup, _tree
 
 ITEMS = 1000
 QUICK_ITEMS = 300
@@ -340,41 +338,10 @@ def _measure(
 ) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--folder", folder]
     cmd += ["--items", str(n), "--epochs", str(epochs), *(["--check"] if check else [])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    lines = _Lines(proc.stdout.fileno())
-    deadline = time.monotonic() + timeout
-
-    def expect(event: str, on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
-        while time.monotonic() < deadline:
-            if on_tick is not None:
-                on_tick()
-            try:
-                line = lines.get(INTERVAL if on_tick else 1.0)
-            except EOFError:
-                break
-            if line is not None:
-                msg = json.loads(line)
-                if msg["event"] != event:
-                    raise RuntimeError(f"{variant}: expected {event!r}, got {msg!r}")
-                return msg  # type: ignore[no-any-return]
-        proc.kill()
-        proc.wait()
-        errors.seek(0)
-        err = errors.read().decode(errors="replace")
-        raise RuntimeError(f"{variant}: no {event!r} from the subprocess:\n{err[-3000:]}")
-
-    def go() -> None:
-        proc.stdin.write(b"go\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-
+    child = Child(cmd, variant, timeout, errors, INTERVAL)
     try:
-        expect("ready")
-        meter = _Meter(proc.pid)
+        child.expect("ready")
+        meter = _Meter(child.pid)
         base = meter(full=True)
         peak: dict[str, int] = dict(base)
 
@@ -383,18 +350,14 @@ def _measure(
             if s["unique"] > peak["unique"]:
                 peak.update(s)
 
-        go()
-        ran = expect("epochs", tick)
+        child.go()
+        ran = child.expect("epochs", tick)
         tick(full=True)  # after the last epoch, the workers alive
-        go()
-        done = expect("done")
-        proc.wait(timeout=30)
+        child.go()
+        done = child.expect("done")
+        child.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdin.close()
-        proc.stdout.close()
+        child.close()
     seconds = ran["seconds"]
     later = sum(seconds[1:])
     return {

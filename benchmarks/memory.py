@@ -413,60 +413,25 @@ def measure(variant: str, n: int, *, timeout: float = 600.0) -> dict[str, Any]:
 
 def _measure(variant: str, n: int, timeout: float, errors: Any) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--items", str(n)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    lines = _Lines(proc.stdout.fileno())
-    deadline = time.monotonic() + timeout
-
-    def expect(event: str, on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
-        while time.monotonic() < deadline:
-            if on_tick is not None:
-                on_tick()
-            try:
-                line = lines.get(INTERVAL if on_tick else 1.0)
-            except EOFError:
-                break
-            if line is not None:
-                msg = json.loads(line)
-                if msg["event"] != event:
-                    raise RuntimeError(f"{variant}: expected {event!r}, got {msg!r}")
-                return msg  # type: ignore[no-any-return]
-        proc.kill()
-        proc.wait()
-        errors.seek(0)
-        err = errors.read().decode(errors="replace")
-        raise RuntimeError(f"{variant}: no {event!r} from the subprocess:\n{err[-3000:]}")
-
-    def go() -> None:
-        proc.stdin.write(b"go\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-
+    child = Child(cmd, variant, timeout, errors)
     try:
-        ready = expect("ready")
-        base = _sample(proc.pid)
+        ready = child.expect("ready")
+        base = _sample(child.pid)
         peak: dict[str, Any] = dict(base)
 
         def tick() -> None:
-            s = _sample(proc.pid)
+            s = _sample(child.pid)
             if s["unique"] > peak["unique"]:
                 peak.update(s)
 
-        go()
-        epoch = expect("epoch", tick)
+        child.go()
+        epoch = child.expect("epoch", tick)
         tick()  # at the end of the epoch, workers alive: for copy-on-read, the peak
-        go()
-        expect("done")
-        proc.wait(timeout=30)
+        child.go()
+        child.expect("done")
+        child.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdin.close()
-        proc.stdout.close()
+        child.close()
     return {
         "variant": variant,
         "items": n,
@@ -479,6 +444,77 @@ def _measure(variant: str, n: int, timeout: float, errors: Any) -> dict[str, Any
         "getitem_us": ready["getitem_us"],
         "packer": ready["packer"],
     }
+
+
+class Child:
+    """A benchmark's subprocess, driven a line at a time: it prints one JSON event per line
+    (``{"event": "ready", ...}``) and waits for ``go`` on its standard input between steps;
+    its standard error goes to *errors* (a file: a pipe could fill up and block it), quoted
+    when an event does not come within *timeout* seconds of the start.
+
+    Args:
+        cmd: the command.
+        variant: the row's name, for the messages.
+        timeout: seconds for the whole run.
+        errors: a binary file for the child's standard error.
+        interval: seconds between two calls of ``expect``'s *on_tick* while it waits.
+    """
+
+    def __init__(
+        self, cmd: list[str], variant: str, timeout: float, errors: Any, interval: float = INTERVAL
+    ) -> None:
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")])
+        )
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env
+        )
+        assert self.proc.stdout is not None
+        self.lines = _Lines(self.proc.stdout.fileno())
+        self.variant, self.errors, self.interval = variant, errors, interval
+        self.deadline = time.monotonic() + timeout
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def expect(self, event: str, on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+        """The child's next event, which must be *event* (*on_tick* called while waiting)."""
+        while time.monotonic() < self.deadline:
+            if on_tick is not None:
+                on_tick()
+            try:
+                line = self.lines.get(self.interval if on_tick else 1.0)
+            except EOFError:
+                break
+            if line is not None:
+                msg = json.loads(line)
+                if msg["event"] != event:
+                    raise RuntimeError(f"{self.variant}: expected {event!r}, got {msg!r}")
+                return msg  # type: ignore[no-any-return]
+        self.proc.kill()
+        self.proc.wait()
+        self.errors.seek(0)
+        err = self.errors.read().decode(errors="replace")
+        raise RuntimeError(f"{self.variant}: no {event!r} from the subprocess:\n{err[-3000:]}")
+
+    def go(self) -> None:
+        """Let the child take its next step."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    def wait(self) -> None:
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """Kill the child if it still runs; close its pipes."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def run(quick: bool) -> list[Row]:
