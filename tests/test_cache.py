@@ -558,3 +558,50 @@ def test_a_disk_cache_written_by_spawned_workers_serves_the_main_script(tmp_path
         env=env,
     )
     assert out.stdout.split() == ["9", "0", "1"]  # computed by the workers, then never
+
+
+class Slow(Counted):
+    """:class:`Counted`, each computation taking 0.2 s: two workers given the same keys at
+    once are both busy with them."""
+
+    def __getitem__(self, i: int) -> bytes:
+        import time
+
+        time.sleep(0.2)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_key_two_workers_miss_at_once_is_computed_once(tmp_path: Any, backend: str) -> None:
+    where = str(tmp_path)
+    data = Slow(3, where)
+    batches = [[0, 1, 2], [1, 0, 2], [0, 2, 1], [2, 1, 0]]  # drawn with replacement
+    want = [[data[k] for k in b] for b in batches]
+    computed(where)
+    work = pf.fetch(data) | pf.cache() | pf.map(list)
+    stage = pf.parallel_map(work, workers=2, backend=backend, max_in_flight=2)
+    with pf.from_iterable(batches) | stage as loader:
+        assert [[bytes(x) for x in b] for b in loader] == want
+        row = loader.stats().stages[-1]
+    assert computed(where) == [0, 1, 2]  # once each in all, though both workers missed them
+    assert (row.cache_hits, row.cache_misses) == (9, 3)
+
+
+def test_a_claim_whose_process_died_is_taken_over(tmp_path: Any) -> None:
+    from pipeflow.stages._cache_store import FileStore
+
+    root = str(tmp_path / "store")
+    code = (
+        f"import sys; sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})\n"
+        "from pipeflow.stages._cache_store import FileStore\n"
+        f"assert FileStore({root!r}, verify=False).claim(7)\n"  # and dies holding it
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    store = FileStore(root, verify=False)
+    assert os.path.exists(os.path.join(root, "i7.claim"))
+    assert store.wait(7, lambda: b"seven") == (b"seven", True)  # made here, not waited for
+    assert store.get(7) == b"seven"
+    assert not os.path.exists(os.path.join(root, "i7.claim"))
+    assert store.claim(8)
+    assert not FileStore(root, verify=False).claim(8)  # held by a live process (this one)
+    store.release(8)

@@ -187,6 +187,7 @@ class _Unit:
     fed: list[int]  # positions of the keys fed to the segment
     batch: bool
     passthrough: Any = MISSING  # an item that is not a key (a failure): out as it came
+    elsewhere: list[tuple[int, Any]] | None = None  # (position, input) another worker makes
 
 
 class _Wait:
@@ -194,18 +195,31 @@ class _Wait:
 
 
 _WAIT: Any = _Wait()
+_ELSEWHERE: Any = _Wait()  # a key another worker claimed: its value is waited for
 
 
 class Decider:
     """Reads the keys of a pass in order and decides once, for each, hit or miss.
 
-    *store* has ``get(key)`` (``MISSING`` when absent) and ``put(key, value)``.
+    *store* has ``get(key)`` (``MISSING`` when absent) and ``put(key, value)``. With
+    *compute* (``compute(input, batch)``: the segment's value for one input, made at once), a
+    decider shares its store with other workers' deciders: a key it lacks is claimed first
+    (``store.claim``), and a key another worker claimed is waited for (``store.wait``)
+    instead of being made twice.
     """
 
-    def __init__(self, keys: Iterator[Any], store: Any, name: str = "cache") -> None:
+    def __init__(
+        self,
+        keys: Iterator[Any],
+        store: Any,
+        name: str = "cache",
+        compute: Callable[[Any, bool], Any] | None = None,
+    ) -> None:
         self.keys = keys
         self.store = store
         self.name = name
+        self.compute = compute
+        self.claimed: set[Any] = set()  # keys this decider claimed and has not put yet
         self.queue: deque[_Unit] = deque()  # decided, not merged yet
         self.unfed: deque[Any] = deque()  # inputs for the segment, not read yet
         self.flying: dict[Any, int] = {}  # a key fed to the segment, not merged: how often asked
@@ -232,7 +246,9 @@ class Decider:
             return self._one(identity(item), item)
         items = item if batch else [item]
         keys = [x if type(x) is int else identity(x) for x in items]
-        values, fed = [], []
+        values: list[Any] = []
+        fed: list[int] = []
+        elsewhere: list[tuple[int, Any]] = []
         get, flying = self.store.get, self.flying
         for i, k in enumerate(keys):
             try:
@@ -243,11 +259,14 @@ class Decider:
             except TypeError:
                 raise TypeError(_unhashable(self.name, k)) from None
             v = get(k)
-            if v is MISSING:
+            if v is MISSING and not self._mine(k):
+                elsewhere.append((i, items[i]))
+                v = _ELSEWHERE
+            elif v is MISSING:
                 flying[k] = 1
                 fed.append(i)
             values.append(v)
-        self.queue.append(_Unit(keys, values, fed, batch))
+        self.queue.append(_Unit(keys, values, fed, batch, MISSING, elsewhere or None))
         if fed:
             self.unfed.append([items[i] for i in fed] if batch else item)
         return True
@@ -264,13 +283,49 @@ class Decider:
             self.queue.append(_Unit([key], [_WAIT], [], False))
             return True
         value = self.store.get(key)
-        if value is MISSING:
+        if value is MISSING and not self._mine(key):
+            self.queue.append(_Unit([key], [_ELSEWHERE], [], False, MISSING, [(0, item)]))
+        elif value is MISSING:
             flying[key] = 1
             self.queue.append(_Unit([key], [value], [0], False))
             self.unfed.append(item)
         else:
             self.queue.append(_Unit([key], [value], [], False))
         return True
+
+    def _mine(self, key: Any) -> bool:
+        """Whether this decider makes *key* (always, unless its store is shared and another
+        worker claimed it)."""
+        if self.compute is None:
+            return True
+        if self.store.claim(key):
+            self.claimed.add(key)
+            return True
+        return False
+
+    def stored(self, key: Any) -> None:
+        """*key*'s value is in the store (or will not be): its claim goes."""
+        if key in self.claimed:
+            self.claimed.discard(key)
+            self.store.release(key)
+
+    def release_all(self) -> None:
+        """The pass ends (or failed): the claims not kept go, so no other worker waits."""
+        for key in list(self.claimed):
+            self.stored(key)
+
+    def fetch_elsewhere(self, unit: _Unit, tally: list[int]) -> None:
+        """Fill the values of *unit*'s keys another worker claimed: its value once stored,
+        else (it failed, or died) made here."""
+        assert self.compute is not None
+        assert unit.elsewhere is not None
+        compute = self.compute
+        for i, item in unit.elsewhere:
+            value, made = self.store.wait(unit.keys[i], lambda x=item: compute(x, unit.batch))
+            unit.values[i] = value
+            if made:
+                tally[0] -= 1
+                tally[1] += 1
 
     def misses(self) -> Iterator[Any]:
         """The segment's input: the keys the store lacks (lists of them, for batches)."""
@@ -347,6 +402,8 @@ def merge(decider: Decider, segment: Iterator[Any]) -> Iterator[Any]:
                     continue
             else:
                 tally[0] += len(unit.keys)
+            if unit.elsewhere:
+                decider.fetch_elsewhere(unit, tally)
             values = unit.values
             for i, v in enumerate(values):
                 if v is _WAIT:
@@ -360,6 +417,7 @@ def merge(decider: Decider, segment: Iterator[Any]) -> Iterator[Any]:
             msg = f"{decider.name}: the stages above it made more items than they were given"
             raise RuntimeError(msg)
     finally:
+        decider.release_all()
         if tally[0] or tally[1]:
             count(*tally)
 
@@ -383,12 +441,14 @@ def _fed(decider: Decider, unit: _Unit, segment: Iterator[Any], tally: list[int]
     if isinstance(out, Failure):
         for i in unit.fed:
             decider.landing(keys[i], out)
+            decider.stored(keys[i])
         return out
     put = decider.store.put
     for i, v in zip(unit.fed, _made(decider.name, unit, out)):
         values[i] = v
         decider.landing(keys[i], v)
         put(keys[i], v)
+        decider.stored(keys[i])
     return None
 
 
@@ -431,7 +491,8 @@ def assemble(
     for i, stage in enumerate(stages):
         if i in starts:
             c = starts[i]
-            deciders[c] = Decider(it, store(c, i), stages[c].name)
+            made = _maker(stages, i, c, apply)
+            deciders[c] = Decider(it, store(c, i), stages[c].name, made)
             it = deciders[c].misses()
         it = merge(deciders[i], it) if i in segs else apply(i, stage, it)
     return it
@@ -553,6 +614,27 @@ def tallies(stages: Sequence[Stage], home: Home, fused: int) -> dict[int, tuple[
         if found:
             out[i] = tuple(sum(col) for col in zip(*found))
     return out
+
+
+def _maker(
+    stages: Sequence[Stage],
+    j: int,
+    c: int,
+    apply: Callable[[int, Stage, Iterator[Any]], Iterator[Any]],
+) -> Callable[[Any, bool], Any]:
+    """``make(input, batch)``: the value of the segment ``stages[j:c]`` for one input, run at
+    once (a key another worker claimed, and then failed or died before it stored it)."""
+
+    def make(item: Any, batch: bool) -> Any:
+        it: Iterator[Any] = iter(([item],) if batch else (item,))
+        for k in range(j, c):
+            it = apply(k, stages[k], it)
+        out = next(it)
+        if isinstance(out, Failure):
+            raise out.error
+        return out[0] if batch else out
+
+    return make
 
 
 def _nested_lists(stage: Stage) -> Iterator[tuple[Stage, ...]]:

@@ -30,6 +30,7 @@ import pickle
 import struct
 import sys
 import threading
+import time
 import zlib
 from typing import Any
 
@@ -159,6 +160,51 @@ class FileStore(_Counts):
         self._stored(size)
         return True
 
+    # -- claims: a key one worker makes while the others wait for it --------------------------
+    def claim(self, key: Any) -> bool:
+        """Take *key* to make it (``False``: a live process has it; a dead one's claim is
+        cleared and taken)."""
+        path = self._file(key) + ".claim"
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                owner = _claimer(path)
+                if owner is not None and alive(owner):
+                    return False
+                with contextlib.suppress(OSError):  # its claimer died: the claim goes
+                    os.unlink(path)
+                continue
+            with contextlib.suppress(OSError):
+                os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            return True
+        return False
+
+    def release(self, key: Any) -> None:
+        """Give *key* back (its value is stored, or it failed)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self._file(key) + ".claim")
+
+    def wait(self, key: Any, make: Any) -> tuple[Any, bool]:
+        """*key*'s value, stored by the worker that claimed it; made here (``True``) if that
+        worker gave it back without storing it (it failed, or the cap had no room) or died."""
+        delay = 0.0005
+        path = self._file(key) + ".claim"
+        while True:
+            value = self.get(key)
+            if value is not MISSING:
+                return value, False
+            owner = _claimer(path)
+            if owner is None or not alive(owner):
+                value = self.get(key)  # stored just before its claim went?
+                if value is not MISSING:
+                    return value, False
+                if self.claim(key):
+                    return _made_here(self, key, make), True
+            time.sleep(delay)
+            delay = min(2 * delay, 0.01)
+
     def _reserve(self, size: int) -> bool:
         """Take *size* bytes of the cap, shared by the processes (a counter under a lock)."""
         fd = os.open(os.path.join(self.root, ".bytes"), os.O_CREAT | os.O_RDWR, 0o600)
@@ -172,6 +218,27 @@ class FileStore(_Counts):
             return True
         finally:
             os.close(fd)
+
+
+def _claimer(path: str) -> int | None:
+    """The process that claimed a key (its claim file's *path*), or ``None``: no claim (or
+    one still being written: its pid comes at once)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(32)
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else os.getpid() if not text else None
+
+
+def _made_here(store: Any, key: Any, make: Any) -> Any:
+    """Make *key*'s value with *make*, store it, and give the claim back (even on failure)."""
+    try:
+        value = make()
+        store.put(key, value)
+        return value
+    finally:
+        store.release(key)
 
 
 def _clear_torn_writes(root: str) -> None:
@@ -247,6 +314,7 @@ class MemoryStore(_Counts):
     ) -> None:
         super().__init__()
         self.shared, self.slot = shared, slot  # where worker processes' counts are
+        self.claims: dict[Any, threading.Event] = {}  # keys a thread makes; others wait
         self.data: dict[Any, Any] = {}
         self.held = 0
         self.max_bytes = max_bytes
@@ -281,6 +349,38 @@ class MemoryStore(_Counts):
     def numbers(self) -> tuple[int, int, int, int]:
         files = self.files.stored if self.files is not None else 0
         return self.hits, self.misses, self.miss_ns, self.held + files
+
+    def claim(self, key: Any) -> bool:
+        """Take *key* to make it (``False``: another thread has it)."""
+        with self._lock:
+            if key in self.claims:
+                return False
+            self.claims[key] = threading.Event()
+            return True
+
+    def release(self, key: Any) -> None:
+        """Give *key* back (its value is stored, or it failed): its waiters wake."""
+        with self._lock:
+            event = self.claims.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def wait(self, key: Any, make: Any) -> tuple[Any, bool]:
+        """*key*'s value, stored by the thread that claimed it; made here (``True``) if it
+        gave it back without storing it (it failed, or the cap had no room)."""
+        while True:
+            value = self.get(key)
+            if value is not MISSING:
+                return value, False
+            with self._lock:
+                event = self.claims.get(key)
+            if event is None:
+                if self.get(key) is not MISSING:
+                    continue
+                if self.claim(key):
+                    return _made_here(self, key, make), True
+                continue
+            event.wait()
 
     def tally(self) -> tuple[int, int, int, int]:
         """This cache's counts in every process: this one's, and its worker processes'."""
