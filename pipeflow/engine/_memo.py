@@ -22,7 +22,8 @@ place in it (``"__url__"``, ``"__index__"``): the reader still reads it, and the
 after the reader do not run. An item that is a ``list`` (a batch of indices, before a
 batched ``fetch``) is decided key by key: the segment gets the list of the missing ones, and
 the merge puts the batch back together. A key that is still in flight when it comes again
-(a sampler with replacement) waits for its first value instead of being computed twice.
+(a sampler with replacement) waits for its first value instead of being computed twice; in
+workers that share a store, the first to miss a key claims it and the others wait for it.
 
 The stores are named by the cache's *slot*, its place in the loader, the same in every
 process; a persistent one (``path``) keeps its entries under a digest of its segment.
