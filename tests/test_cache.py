@@ -605,3 +605,72 @@ def test_a_claim_whose_process_died_is_taken_over(tmp_path: Any) -> None:
     assert store.claim(8)
     assert not FileStore(root, verify=False).claim(8)  # held by a live process (this one)
     store.release(8)
+
+
+_KILLED = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, {root!r})
+    import pipeflow as pf
+    from tests.test_cache import Counted, decode
+
+    def build(placement, workers, persistent):
+        data = Counted(14, {calls!r})
+        if placement == "main":
+            work = pf.parallel_map(pf.fetch(data), workers=workers, persistent=persistent,
+                                   backend="process")
+            return (pf.indices(14) | pf.shuffle(seed=3) | work | pf.cache()
+                    | pf.map(decode) | pf.batch(3))
+        work = pf.fetch(data) | pf.cache() | pf.map(list)
+        stage = pf.parallel_map(work, workers=workers, persistent=persistent, backend="process")
+        return pf.indices(14) | pf.shuffle(seed=3) | pf.batch(3) | stage
+
+    def plain(batches):
+        return [[bytes(x).hex() for x in b] for b in batches]
+
+    mode, placement, workers, persistent, k = sys.argv[1:6]
+    loader = build(placement, int(workers), persistent == "1")
+    if mode == "whole":
+        print(json.dumps([plain(loader) for _ in range(3)]), flush=True)
+    elif mode == "take":
+        list(loader)  # a warm cache: the state is taken in a cached epoch
+        it = iter(loader)
+        head = plain(next(it) for _ in range(int(k)))
+        print(json.dumps([head, loader.state_dict()]), flush=True)
+        time.sleep(60)  # killed here
+    else:
+        loader.load_state_dict(json.loads(sys.stdin.read()))
+        print(json.dumps([plain(loader), plain(loader)]), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("placement", "workers", "persistent"),
+    [("main", 0, False), ("main", 2, True), ("workers", 2, False), ("workers", 2, True)],
+)
+def test_a_killed_run_with_a_warm_cache_resumes_exactly_in_a_new_process(
+    tmp_path: Any, placement: str, workers: int, persistent: bool
+) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "run.py"
+    script.write_text(_KILLED.format(root=root, calls=str(tmp_path)))
+    args = [placement, str(workers), "1" if persistent else "0", "2"]
+
+    def child(mode: str, stdin: str | None = None) -> Any:
+        cmd = [sys.executable, str(script), mode, *args]
+        out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    whole = child("whole")
+    taker = subprocess.Popen(
+        [sys.executable, str(script), "take", *args], stdout=subprocess.PIPE, text=True
+    )
+    assert taker.stdout is not None
+    head, state = json.loads(taker.stdout.readline())
+    taker.send_signal(signal.SIGKILL)  # the run dies, its cache with it
+    taker.wait()
+    rest, following = child("rest", json.dumps(state))  # a new process, a cold cache
+    assert head + rest == whole[1]
+    assert following == whole[2]
