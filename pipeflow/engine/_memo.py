@@ -242,10 +242,9 @@ class Decider:
         if isinstance(item, Failure):  # an item that failed above the segment: around it
             self.queue.append(_Unit([], [], [], False, item))
             return True
-        batch = isinstance(item, list)
-        if not batch:
+        if not isinstance(item, list):
             return self._one(identity(item), item)
-        items = item if batch else [item]
+        items = item  # a batch: decided key by key
         keys = [x if type(x) is int else identity(x) for x in items]
         values: list[Any] = []
         fed: list[int] = []
@@ -267,9 +266,9 @@ class Decider:
                 flying[k] = 1
                 fed.append(i)
             values.append(v)
-        self.queue.append(_Unit(keys, values, fed, batch, MISSING, elsewhere or None))
+        self.queue.append(_Unit(keys, values, fed, True, MISSING, elsewhere or None))
         if fed:
-            self.unfed.append([items[i] for i in fed] if batch else item)
+            self.unfed.append([items[i] for i in fed])
         return True
 
     def _one(self, key: Any, item: Any) -> bool:

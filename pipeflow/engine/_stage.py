@@ -98,7 +98,7 @@ class Traits:
         numpy: ``numpy(**config)``, this stage as a worker that has not imported torch
             should run it (a numpy-only form that makes the tensors on arrival); ``None``:
             the same stage.
-        memo: ``memo(segment, length, home, **config)``, the store of a stage that keeps
+        memo: ``memo(segment, home, slot, **config)``, the store of a stage that keeps
             what the one-to-one stages right above it (its *segment*) made of each input
             (``cache``): the engine runs the segment only on the inputs the store lacks (see
             :mod:`pipeflow.engine._memo`); ``None`` for the other stages.
@@ -423,9 +423,7 @@ class Pipe(Stage[In, Out]):
             from pipeflow.engine._memo import assemble, open_store
 
             home = context.facts.get("memo")
-            contexts = [context]
-            for s in self._stages:
-                contexts.append(context_after(s, contexts[-1]))
+            contexts = contexts_of(self._stages, context)
 
             def each(i: int, s: Stage[Any, Any], it: Iterator[Any]) -> Iterator[Any]:
                 return s.apply(it, contexts[i])
@@ -517,6 +515,15 @@ def context_after(stage: Stage[Any, Any], context: Context) -> Context:
     """The context the stage after *stage* sees (see :attr:`Traits.publish`)."""
     publish = stage.traits.publish
     return context if publish is None else publish(context, **stage._config)
+
+
+def contexts_of(stages: tuple[Stage[Any, Any], ...], context: Context) -> list[Context]:
+    """The context each of *stages* sees when the first sees *context* (a stage's published
+    facts reach those after it), then the context after the last."""
+    out = [context]
+    for s in stages:
+        out.append(out[-1] if s.traits.publish is None else context_after(s, out[-1]))
+    return out
 
 
 def without_torch(stage: Stage[Any, Any]) -> Stage[Any, Any]:

@@ -24,7 +24,7 @@ from pipeflow._random import seed_sequence_state
 from pipeflow.engine._context import Context
 from pipeflow.engine._failure import Failure, WithDropped
 from pipeflow.engine._memo import assemble, open_store, segments
-from pipeflow.engine._stage import Stage, context_after, without_torch
+from pipeflow.engine._stage import Stage, contexts_of, without_torch
 from pipeflow.errors import StreamNotSplitError, annotate
 from pipeflow.parallel.pools._fork import Pickled
 from pipeflow.parallel.transport import _segments
@@ -125,16 +125,6 @@ class MapJob:
             memo = self._memo = any(s.traits.memo is not None for s in self.stages or ())
         return memo
 
-    def _contexts(self, context: Context) -> list[Context]:
-        """The context of each stage for one item (a shard's facts reach those after it)."""
-        out = [context]
-        for s in self.stages or ():
-            if s.traits.publish is None:
-                out.append(out[-1])
-            else:
-                out.append(context_after(s, out[-1]))
-        return out
-
     def _store(self, c: int, j: int) -> Any:
         """The store of the cache at *c* (its segment from *j*), opened once per worker."""
         stores = self.__dict__.setdefault("_stores", {})
@@ -179,7 +169,7 @@ class MapJob:
         # The item's place in the pass, and what the pass was told.
         context = Context(epoch, offset=seq, ignoring=self.ignoring, facts=self.facts)
         dropped: list[Failure] = []
-        contexts = self._contexts(context)
+        contexts = contexts_of(self.stages, context)
 
         def each(i: int, s: Stage[Any, Any], it: Iterator[Any]) -> Iterator[Any]:
             it = _track(s.apply(it, contexts[i]), s.name, failed)
