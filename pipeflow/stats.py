@@ -39,6 +39,7 @@ class StageRecord:
     """What one stage's watcher accumulates while the loader runs (mutable, internal)."""
 
     __slots__ = (
+        "auto",
         "busy_ns",
         "ignored",
         "ignored_indices",
@@ -68,6 +69,7 @@ class StageRecord:
         # parallel stages only
         self.workers = 0
         self.max_in_flight = 0
+        self.auto: Any = None  # workers="auto": the stage's tuner (its count and history)
         self.task_ns: deque[int] = deque(maxlen=_KEEP)
         self.task_total_ns = 0
         self.in_flight = 0
@@ -204,6 +206,10 @@ class StageStats:
         cache_bytes: the bytes it keeps (in memory, shared memory and ``path``).
         cache_saved_seconds: about how long the hits would have taken: the hits times the
             mean time the stages above it took for a miss.
+        auto: for a parallel stage with ``workers="auto"``, the count it uses and why
+            (``"auto: 2 processes (the budget: 2 CPUs)"``); else ``None``.
+        auto_history: its changes of count, a line each (epoch, after how many items, the
+            count, why).
     """
 
     name: str
@@ -228,6 +234,8 @@ class StageStats:
     cache_misses: int = 0
     cache_bytes: int = 0
     cache_saved_seconds: float = 0.0
+    auto: str | None = None
+    auto_history: list[str] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True)
@@ -286,6 +294,8 @@ class Stats:
                 lines.append(f"efficiency: {efficiency_text(st)} (in {st.name!r})")
             if st.cache_hits or st.cache_misses:
                 lines.append(f"cache: {cache_text(st)} (in {st.name!r})")
+            if st.auto is not None:
+                lines.append(f"{st.auto} (in {st.name!r})")
         lines.append(legend(self.knobs))
         return "\n".join(lines)
 
@@ -506,6 +516,8 @@ def _stage_stats(
         real_tokens=rec.real_tokens,
         padded_tokens=rec.padded_tokens,
         efficiency=rec.real_tokens / rec.padded_tokens if rec.padded_tokens else None,
+        auto=None if rec.auto is None else rec.auto.text(),
+        auto_history=[] if rec.auto is None else rec.auto.steps(),
     )
 
 
@@ -584,8 +596,14 @@ def diagnose(
     if slowest.workers is None or slowest.worker_busy is None:
         return slowest.name, _one_thread_advice(slowest, stages, waited, knobs)
     if slowest.worker_busy >= BUSY_WORKERS:
+        more = knobs.more_workers
+        if slowest.auto is not None:  # the tuner already sized it: say what it found
+            more = (
+                f"{slowest.auto}: more did not pay or would not fit; make each item cheaper, "
+                "or give the process more CPUs"
+            )
         return slowest.name, (
-            f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; {knobs.more_workers}"
+            f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; {more}"
         )
     at = stages.index(slowest)
     upstream = stages[at - 1] if at and not _computed(stages[at - 1]) else None

@@ -158,8 +158,20 @@ class Loader(Seeded, Generic[Out]):
 
     def __repr__(self) -> str:
         text = layout([self._source.describe(), *(repr(s) for s in self._stages)], _WIDTH)
-        note = self.plan().note()
-        return f"{text}\n# {note}" if note else text
+        notes = [self.plan().note(), *self._sized()]
+        return "\n# ".join([text, *filter(None, notes)])
+
+    def _sized(self) -> list[str]:
+        """What each ``workers="auto"`` stage chose once it ran, a line each
+        (``parallel_map: auto: 2 processes (the budget: 2 CPUs)``)."""
+        names = [self._source.name, *(s.name for s in self._stages)]
+        out = []
+        for at in sorted(self._resources):
+            tuner = self._resources[at].get("auto")
+            if tuner is not None:
+                name = names[at + 1] if 0 <= at + 1 < len(names) else "parallel stage"
+                out.append(f"{name}: {tuner.text()}")
+        return out
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Loader, (self._source, self._stages))

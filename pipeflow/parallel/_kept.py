@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeflow.parallel._settings import Settings
+from pipeflow.parallel._settings import MAX_WORKERS, Settings
 from pipeflow.parallel.pools._reap import join_all
 
 __all__ = ["TRIM_AFTER", "Kept", "make_pool"]
@@ -33,8 +33,11 @@ def make_pool(
         job, 0, config.workers, base_seed, config.worker_init, rng_state=rng, restore=restores
     )
     if config.backend == "ray":
-        from pipeflow.parallel.ray._ray import ray_pool
+        from pipeflow.parallel.ray._ray import free_actors, ray_pool
 
+        if config.auto:  # an actor per free CPU of the cluster, now
+            count = min(free_actors(config.ray_options), MAX_WORKERS)
+            spec = spec._replace(num_workers=count)
         return ray_pool(spec, config, name)
     if config.backend == "process":
         from pipeflow.parallel.pools._processes import ProcessPool
@@ -107,7 +110,10 @@ class Kept:
         if not config.persistent or self.busy:
             return make(), False
         self._cancel_trim()  # a pass follows at once: what the pool kept is reused
-        if self.pool is not None and (self.pool.closed or self.pool.broken or self.facts != facts):
+        other = not config.auto and self.pool is not None and self.pool.workers != config.workers
+        if self.pool is not None and (
+            self.pool.closed or self.pool.broken or self.facts != facts or other
+        ):
             self._drop()
         self.facts = facts
         if self.pool is None:

@@ -12,7 +12,7 @@ from pipeflow.engine._context import Context, Hooks
 from pipeflow.engine._stage import Stage, Traits, _short
 from pipeflow.parallel._records import MapRecord
 from pipeflow.parallel._run import run_parallel
-from pipeflow.parallel._settings import Settings, settings
+from pipeflow.parallel._settings import Settings, check_auto, settings
 from pipeflow.parallel.pools._worker import MapJob
 from pipeflow.resume.state import Rule
 
@@ -91,7 +91,7 @@ _UNORDERED = Rule.recorded(MapRecord, unordered=True, identity=_identity, reads_
 def parallel_map(
     fn: Callable[[T], U] | Stage[T, U],
     *,
-    workers: int,
+    workers: int | str,
     backend: str = "thread",
     ordered: bool = True,
     max_in_flight: int | None = None,
@@ -148,13 +148,20 @@ def parallel_map(
 
     Args:
         fn: the function, or a stage that yields one item per item.
-        workers: how many threads or processes; ``0`` runs *fn* in the calling thread.
+        workers: how many threads or processes; ``0`` runs *fn* in the calling thread;
+            ``"auto"`` sizes the pool while it runs: it starts small, adds workers while
+            that raises the rate the consumer gets, and removes them when they do not pay,
+            within a budget (processes: the CPUs this process may use, shared with the
+            other auto stages; threads: 64; event loops: one per CPU; Ray: an actor per
+            free CPU of the cluster, counted when the pool starts). The items, their order
+            and their random draws are those of any fixed count; ``stats()`` and the
+            loader's repr say the count it chose and why. Not with *round_robin*.
         backend: ``"thread"`` (the default: a function per item is most often I/O or
             decoding, which waits or releases the GIL), ``"process"``, or ``"ray"`` (actors
             on a Ray cluster). ``parallel_source`` defaults to processes instead, as torch
             runs an ``IterableDataset``'s copies.
         ordered: keep the input order (else completion order).
-        max_in_flight: bound on items out at once; default ``2 * workers`` (``8 * workers``
+        max_in_flight: bound on items out at once; default ``2 * workers`` (``32 * workers``
             for Ray actors, which get their items in calls of half their share).
         mp_context: start method (``"fork"``, ``"forkserver"``, ``"spawn"``) or a
             multiprocessing context, for processes; default: the platform's.
@@ -195,6 +202,8 @@ def parallel_map(
         [['a', 'b'], ['c', 'd'], ['e']]
     """
     _check_fn(fn)
+    if isinstance(workers, str) and workers == "auto":
+        check_auto("parallel_map", round_robin)
     config = settings(
         "parallel_map",
         workers=workers,

@@ -70,6 +70,7 @@ class MapRecord(Record):
     """A ``parallel_map``'s record of one pass (see the module's text)."""
 
     __slots__ = (
+        "auto_count",
         "delivery",
         "offset",
         "order",
@@ -78,6 +79,7 @@ class MapRecord(Record):
         "restores",
         "shared",
         "states",
+        "tuner",
     )
 
     @classmethod
@@ -130,6 +132,10 @@ class MapRecord(Record):
             extras = frozenset(saved["extras"]) if saved and "extras" in saved else frozenset()
             self.delivery = Delivery(context.offset, extras)
         self.order = self.delivery.order if self.delivery is not None else None
+        # workers="auto": the count the state was taken with (where the tuner starts), and
+        # the tuner of this pass (its count goes in the states taken)
+        self.auto_count: int | None = (saved or {}).get("auto") if settings.auto else None
+        self.tuner: Any = None
         self.states: MapStates | None = None
         self.restores: list[Any] | None = None
         if settings.workers > 0:
@@ -182,6 +188,8 @@ class MapRecord(Record):
             workers = self.states.as_json(self.taken(consumed))
             if self.owned or any(w["state"] for w in workers.values()):
                 out["workers"] = workers
+        if self.tuner is not None:
+            out["auto"] = self.tuner.count
         return out
 
 
@@ -365,7 +373,10 @@ class SourceRecord(Record):
         worker); each worker's replica record is checked against the loader it runs
         (:func:`_check_replicas`)."""
         settings: Settings = source.config
-        here = {"consumed": consumed or 0, "here": settings.workers, "ordered": settings.ordered}
+        workers = settings.workers
+        if settings.auto and isinstance(record, dict) and isinstance(record.get("workers"), dict):
+            workers = max(1, min(len(record["workers"]), workers))  # the pass resumes with it
+        here = {"consumed": consumed or 0, "here": workers, "ordered": settings.ordered}
         checked = conform(cls.FORM, record, where, here)
         _check_replicas(source.loader, checked, where)
         return dict(record)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pipeflow.engine._context import Context, Hooks
 from pipeflow.engine._failure import Failure, WithDropped, ended
 from pipeflow.errors import WorkerDiedError, WorkerTimeoutError, _add_note
+from pipeflow.parallel._auto import Tuner
 from pipeflow.parallel._kept import Kept, make_pool
 from pipeflow.parallel._settings import Settings
 from pipeflow.parallel.pools._protocol import Pool, held, named
@@ -72,13 +73,53 @@ def run_parallel(
     first, ended = record.rotation() if record is not None else (context.offset, [])
     done = [0]  # results delivered to the consumer: what the in-flight bound counts
     out: dict[int, Any] = {}  # the items in flight, by number: a failure names them
+    tuner = _tuner(config, hooks, pool) if config.auto else None
     try:
-        replies = _results(pool, items, context, config, done, stats, out, note, (first, ended))
+        replies = _results(
+            pool, items, context, config, done, stats, out, note, (first, ended), tuner
+        )
         if config.ordered:
             replies = _in_order(replies, context.offset, pool.drop)
         yield from _delivered(pool, replies, done, out, order, states)
     finally:
+        if tuner is not None:
+            tuner.end()
         kept.give_back(pool, borrowed)
+
+
+def _tuner(config: Settings, hooks: Hooks, pool: Pool) -> Tuner | None:
+    """The stage's tuner (``workers="auto"``), kept by the loader from pass to pass; a
+    resumed run's starts at the count its state recorded. A Ray pool's count was fixed when
+    it started (to the cluster's free CPUs): its tuner only says so."""
+    tuner: Tuner | None = hooks.resources.get("auto")
+    if not pool.resizable:  # Ray: sized to the cluster's free CPUs when the pool started
+        if tuner is None or tuner.count != pool.workers:
+            why = "the Ray cluster's free CPUs when its actors started"
+            tuner = Tuner(
+                config.kind(),
+                pool.workers,
+                shares_cpus=False,
+                start=pool.workers,
+                per_worker=config.per_worker(),
+                max_in_flight=config.max_in_flight,
+                fixed=why,
+            )
+            hooks.resources["auto"] = tuner
+    elif tuner is None:
+        saved = getattr(hooks.record, "auto_count", None)
+        start = saved or (1 if config.backend == "process" or config.coroutines else 2)
+        tuner = Tuner(
+            config.kind(),
+            config.workers,
+            shares_cpus=config.backend == "process",
+            start=start,
+            per_worker=config.per_worker(),
+            max_in_flight=config.max_in_flight,
+        )
+        hooks.resources["auto"] = tuner
+    if hooks.record is not None:
+        hooks.record.tuner = tuner  # a state taken in this pass records its count
+    return tuner
 
 
 # Fields of a Reply (a NamedTuple), read by name in C over a whole list of them.
@@ -96,6 +137,7 @@ def _results(
     out: dict[int, Any],
     note: PassNote | None = None,
     rotation: tuple[int, Any] = (0, ()),
+    tuner: Tuner | None = None,
 ) -> Iterator[list[Reply]]:
     """Keep up to ``max_in_flight`` items out (counting those not delivered yet); yield the
     replies as they arrive, a list at a time.
@@ -104,8 +146,11 @@ def _results(
     replies handled a list at a time: the work here per item is a few operations in C, not a
     Python loop, so that it takes the workers' GIL (threads, event loops) as little as it can.
     """
-    in_flight = config.in_flight  # a property: read once
+    in_flight = config.in_flight if tuner is None else tuner.in_flight  # read once
     pool.start_pass(in_flight)
+    if tuner is not None:
+        tuner.begin(pool, context.epoch)
+        in_flight = _resized(tuner, stats)
     if config.round_robin:  # item k to worker k % workers, from where a resumed pass starts
         first, ended = rotation
         pool.rotate(first % pool.workers, ended)
@@ -119,7 +164,14 @@ def _results(
             sender.fill(room)
         if sender.exhausted and not sender.waiting and received == sender.sent:
             return
-        got = _collect(pool, clock, sender, out)
+        if tuner is None:
+            got = _collect(pool, clock, sender, out)
+        else:  # it measures how long the consumer waited for these replies
+            began = time.perf_counter()
+            got = _collect(pool, clock, sender, out)
+            if tuner.tick(len(got), time.perf_counter() - began):
+                in_flight = _resized(tuner, stats)
+                bound = pool.backlog(in_flight)
         received += len(got)
         if stats is not None:  # queue occupancy and per-item times, for loader.stats()
             stats.in_flight += min(sender.sent - done[0], in_flight)
@@ -130,6 +182,13 @@ def _results(
         if got:
             clock.reset()
             yield got
+
+
+def _resized(tuner: Tuner, stats: Any) -> int:
+    """The tuner's in-flight bound, and its count told to the stage's statistics."""
+    if stats is not None:
+        stats.workers, stats.max_in_flight, stats.auto = tuner.count, tuner.in_flight, tuner
+    return tuner.in_flight
 
 
 class _Clock:

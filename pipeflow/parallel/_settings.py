@@ -26,6 +26,8 @@ __all__ = [
     "MAX_WORKERS",
     "RAY_PER_WORKER",
     "Settings",
+    "auto_cap",
+    "check_auto",
     "settings",
 ]
 
@@ -34,9 +36,12 @@ BACKENDS = ("thread", "process", "ray")
 #: The default bound on coroutines in flight, per event loop: I/O waits, so many at once.
 COROUTINES_PER_WORKER = 64
 #: The default bound on items in flight per Ray actor: an actor gets its items in calls of
-#: half as many, two calls queued, so that it starts the next call as it ends one (a call
-#: costs about a millisecond whatever it carries on a busy 2-core machine: see the Ray how-to).
-RAY_PER_WORKER = 8
+#: half as many, two calls queued, so that it starts the next call as it ends one. A call
+#: costs a millisecond or so whatever it carries on a busy 2-core machine, so calls of 16
+#: (54-74 us an item, the process backend's cost) rather than 4 (176-208 us): see the Ray
+#: how-to. For large items (batches of megabytes) a smaller ``max_in_flight`` bounds the
+#: object store's share.
+RAY_PER_WORKER = 32
 #: The most workers a pool may have: it starts them all at once, each a thread or a process
 #: (past a few thousand, a system's limits on threads and processes refuse them anyway).
 MAX_WORKERS = 4096
@@ -67,6 +72,23 @@ class Settings(Seeded):
     restarts: int = 0
     #: ``backend="ray"``: Ray's options for each actor (see :mod:`._ray_options`).
     ray_options: dict[str, Any] | None = None
+    #: ``workers="auto"``: *workers* is the most the pool may hold, and a tuner picks how
+    #: many it uses while it runs (see :mod:`pipeflow.parallel._auto`).
+    auto: bool = False
+
+    def kind(self) -> str:
+        """What a worker is, in the plural: threads, processes, event loops or actors."""
+        if self.backend == "ray":
+            return "actors"
+        if self.backend == "process":
+            return "processes"
+        return "event loops" if self.coroutines else "threads"
+
+    def per_worker(self) -> int:
+        """The default in-flight bound per worker."""
+        if self.coroutines:
+            return COROUTINES_PER_WORKER
+        return RAY_PER_WORKER if self.backend == "ray" else 2
 
     @property
     def in_flight(self) -> int:
@@ -77,9 +99,7 @@ class Settings(Seeded):
         loops in threads."""
         if self.max_in_flight:
             return self.max_in_flight
-        if self.coroutines:
-            return COROUTINES_PER_WORKER * self.workers
-        return (RAY_PER_WORKER if self.backend == "ray" else 2) * self.workers
+        return self.per_worker() * self.workers
 
     def base_seed(self, context: Context) -> int:
         """The workers' base seed for this pass: the caller's, else from (seed, epoch)."""
@@ -129,7 +149,8 @@ class Settings(Seeded):
         """``name(first, workers=..., ...)``: the settings that differ from their defaults."""
         from pipeflow.engine._stage import _short
 
-        shown = [first, f"workers={self.workers}", f"backend={self.backend!r}"]
+        workers = "'auto'" if self.auto else self.workers
+        shown = [first, f"workers={workers}", f"backend={self.backend!r}"]
         for key, default in _DEFAULTS.items():
             value = getattr(self, key)
             if value != default:
@@ -189,15 +210,11 @@ def settings(
 ) -> Settings:
     """Check the settings both parallel stages share; draw the seed when none is given. With
     *coroutines* (the function is a coroutine function) ``worker_init`` may be one too: the
-    worker's event loop awaits it before its first item."""
-    workers = _checks.integer(name, "workers", workers, low=0, high=MAX_WORKERS)
-    _checks.one_of(name, "backend", backend, BACKENDS)
-    if coroutines and backend == "ray":
-        msg = (
-            f"{name}: backend='ray' runs plain functions, one item at a time per actor (got a "
-            "coroutine function); run coroutines on backend='thread' or 'process'"
-        )
-        raise ValueError(msg)
+    worker's event loop awaits it before its first item. ``workers="auto"``: see
+    :func:`auto_cap`."""
+    _check_backend(name, backend, coroutines)
+    auto = isinstance(workers, str) and workers == "auto"
+    workers = _workers(name, workers, backend, coroutines)
     _check_mp_context(name, mp_context, backend)
     return Settings(
         workers=workers,
@@ -220,7 +237,53 @@ def settings(
         rng_state=_checks.one_of(name, "rng_state", rng_state, KINDS),
         restarts=_restarts(name, restarts, backend),
         ray_options=check_ray_options(name, ray_options, backend),
+        auto=auto,
     )
+
+
+def _check_backend(name: str, backend: Any, coroutines: bool) -> None:
+    """*backend*: one of :data:`BACKENDS`, and not Ray for a coroutine function."""
+    _checks.one_of(name, "backend", backend, BACKENDS)
+    if coroutines and backend == "ray":
+        msg = (
+            f"{name}: backend='ray' runs plain functions, one item at a time per actor (got a "
+            "coroutine function); run coroutines on backend='thread' or 'process'"
+        )
+        raise ValueError(msg)
+
+
+def _workers(name: str, workers: Any, backend: str, coroutines: bool) -> int:
+    """*workers*, checked: a count, or ``"auto"`` (then the most the pool may hold)."""
+    if isinstance(workers, str):
+        if workers != "auto":
+            msg = f"{name}: workers must be an integer or 'auto' (got {workers!r})"
+            raise TypeError(msg)
+        workers = auto_cap(backend, coroutines)
+    return _checks.integer(name, "workers", workers, low=0, high=MAX_WORKERS)
+
+
+def auto_cap(backend: str, coroutines: bool) -> int:
+    """The most workers ``workers="auto"`` may give a pool: for threads
+    :data:`~pipeflow.parallel._auto.AUTO_THREADS`; for processes, event loops and Ray actors
+    the CPUs this process may run on (Ray's pool is sized to the cluster's free CPUs when it
+    starts: see :func:`pipeflow.parallel.ray._ray.ray_pool`)."""
+    from pipeflow.parallel._auto import AUTO_THREADS, cpus
+
+    if backend == "thread" and not coroutines:
+        return AUTO_THREADS
+    return cpus()
+
+
+def check_auto(name: str, round_robin: Any) -> None:
+    """``workers="auto"`` gives items to whichever worker is free: not with round robin,
+    where item *k* is worker ``k % workers``'s and the count decides what each draws."""
+    if round_robin is True:
+        msg = (
+            f"{name}: workers='auto' needs round_robin=False (got round_robin=True): with "
+            "round robin, which worker gets each item (and so its global random draws) "
+            "depends on the worker count, which auto changes while it runs"
+        )
+        raise ValueError(msg)
 
 
 def _restarts(name: str, restarts: Any, backend: str) -> int:

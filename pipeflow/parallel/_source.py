@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 
 from pipeflow.engine._context import Context, Hooks
 from pipeflow.engine.loader import Loader, Source
+from pipeflow.parallel._auto import Tuner, cpus, sized_source
 from pipeflow.parallel._records import SourceRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
@@ -45,15 +47,22 @@ class _ParallelSource(Source[Any]):
         self.config = config
 
     def iterate(self, context: Context, hooks: Hooks | None = None) -> Iterator[Any]:
-        _even_batches(self.loader, self.config.workers, when_built=False)
         hooks = hooks or Hooks()
+        config, tuner = self.config, None
+        if config.auto:
+            config, tuner = _sized(config, hooks, context.epoch)
+        _even_batches(self.loader, config.workers, when_built=False)
         job = SourceJob(self.loader, "parallel_source")
         # Read now, as the pass starts (not at its first item): what this pass tells workers.
         tell = getattr(self.loader.source, "pass_note", None)
         note = PassNote(tell() if tell is not None else None, next(_PASSES))
-        record = SourceRecord(self.config, context.start, hooks.saved)
+        record = SourceRecord(config, context.start, hooks.saved)
         hooks.record = record
-        it = run_parallel(job, self.config, "parallel_source", None, context, hooks, note)
+        it = run_parallel(job, config, "parallel_source", None, context, hooks, note)
+        if tuner is not None:
+            if hooks.stats is not None:
+                hooks.stats.auto = tuner
+            it = sized_source(it, tuner)
         if context.start and hooks.saved is None:  # no record: the items are read again
             return islice(it, context.start, None)
         return _naming_positions(it, record, self.loader)
@@ -74,6 +83,28 @@ class _ParallelSource(Source[Any]):
         if loader is self.loader and config is self.config:
             return self
         return _ParallelSource(loader, config)
+
+
+def _sized(config: Settings, hooks: Hooks, epoch: int) -> tuple[Settings, Tuner]:
+    """``workers="auto"``: this pass's settings, with the count its tuner (kept by the
+    loader) takes now, or the count the resumed state's record was taken with (each worker
+    resumes its own replica)."""
+    tuner: Tuner | None = hooks.resources.get("auto")
+    if tuner is None:
+        tuner = Tuner(
+            config.kind(),
+            config.workers,
+            shares_cpus=config.backend == "process",
+            start=min(cpus(), config.workers),
+            reprobe=2,
+        )
+        hooks.resources["auto"] = tuner
+    tuner.begin(None, epoch)
+    count = tuner.count
+    if isinstance(hooks.saved, dict) and isinstance(hooks.saved.get("workers"), dict):
+        count = len(hooks.saved["workers"])  # checked when the state was loaded
+        tuner.count = count
+    return dataclasses.replace(config, workers=count, auto=False), tuner
 
 
 def _naming_positions(
@@ -189,7 +220,7 @@ def _split_once(loader: Loader[Any]) -> None:
 def parallel_source(
     loader: Loader[T],
     *,
-    workers: int,
+    workers: int | str,
     backend: str = "process",
     ordered: bool = True,
     max_in_flight: int | None = None,
@@ -223,6 +254,12 @@ def parallel_source(
     that *backend* defaults to ``"process"``: each worker runs a whole copy of a stream, as
     torch's ``DataLoader`` runs an ``IterableDataset`` in worker processes (``parallel_map``,
     whose usual work is I/O or decoding, defaults to threads).
+
+    ``workers="auto"`` picks the count at each pass's start, since the stream is split by
+    worker: the first pass takes one worker per CPU (at most the budget
+    :func:`parallel_map` describes), and each next pass doubles or halves it as the last
+    one's rate and the consumer's wait say. A pass's items are those of a fixed count of
+    that many workers; a state records the count, and a resumed pass takes it again.
 
     A worker process that dies ends the pass with :class:`~pipeflow.WorkerDiedError` (its
     replica's stream can't be taken up where it stopped, so there is no ``restarts``), and

@@ -458,8 +458,11 @@ _SAME_WORKERS = (
 #: A map's record in order (an in-order ``parallel_map``'s): how many items it took, at most
 #: the outputs the state's position consumed, and its workers' states. Checked with the
 #: bounds ``consumed``, ``total``, ``here`` (this stage's workers: 0 in line) and ``stateful``.
+#: ``workers="auto"``: the count its tuner used when the state was taken (any count gives
+#: the same items: it only says where a resumed run's tuner starts).
+_AUTO = Int(1, 4096, optional=True)
 TOOK = Form(
-    {"inputs": Int(0, "total"), "workers": ByWorker(_WORKER, optional=True)},
+    {"inputs": Int(0, "total"), "workers": ByWorker(_WORKER, optional=True), "auto": _AUTO},
     (
         (
             lambda k: k["consumed"] is None or k["inputs"] <= k["consumed"],
@@ -473,7 +476,7 @@ TOOK = Form(
 )
 #: An out-of-order map's record (a :class:`~pipeflow.state.Delivery`), and its workers'.
 DELIVERED = Form(
-    {**Delivery.FORM.fields, "workers": ByWorker(_WORKER, optional=True)},
+    {**Delivery.FORM.fields, "workers": ByWorker(_WORKER, optional=True), "auto": _AUTO},
     (*Delivery.FORM.invariants, _SAME_WORKERS),
 )
 

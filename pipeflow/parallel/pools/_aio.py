@@ -45,12 +45,14 @@ class LoopPool(InProcessPool):
     """Event loops in threads: each item a coroutine on the least busy loop."""
 
     worker_kind = "event-loop thread"
+    resizable = True  # workers="auto": see resize()
 
     def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
         """*spec*: what each loop starts with (its ``worker_id`` set per loop)."""
         workers = spec.num_workers
         super().__init__(name, workers, round_robin)
         self.load = [0] * workers  # items of this pass on each loop
+        self.limit = workers  # workers="auto": the loops given items are those below it
         self.usable = list(range(workers))  # the loops with a share of max_in_flight
         self._rr = itertools.cycle(self.usable)
         self.loops = [
@@ -68,11 +70,22 @@ class LoopPool(InProcessPool):
         self.pass_id += 1
         self.outstanding.clear()
         self.load = [0] * self.workers
-        share, extra = divmod(max_in_flight, self.workers)
-        for wid, lp in enumerate(self.loops):  # an int, read by the loop's thread
-            lp.runner.limit = share + (wid < extra)
-        self.usable = [wid for wid, lp in enumerate(self.loops) if lp.runner.limit]
+        self._share(max_in_flight)
+
+    def _share(self, max_in_flight: int) -> None:
+        """Give each loop below the limit its share of *max_in_flight*, and items; a loop
+        above it keeps its share (what it holds runs to its end) but gets no new item."""
+        share, extra = divmod(max_in_flight, self.limit)
+        for wid, lp in enumerate(self.loops[: self.limit]):  # an int, read by the loop's thread
+            lp.runner.limit = max(share + (wid < extra), 1 if self.load[wid] else 0)
+        self.usable = [wid for wid, lp in enumerate(self.loops[: self.limit]) if lp.runner.limit]
         self._rr = itertools.cycle(self.usable)
+
+    def resize(self, count: int, in_flight: int) -> None:
+        """Give items to loops ``0 .. count - 1`` from now on (``workers="auto"``); a loop
+        above them finishes what it holds and sits idle until the pool closes."""
+        self.limit = count
+        self._share(in_flight)
 
     def can_submit(self) -> bool:
         return True

@@ -58,6 +58,7 @@ class ProcessPool(TakingTurns):
 
     backend = "process"
     trims = True  # end_pass gives back the shared memory kept for reuse
+    resizable = True  # workers="auto": see resize()
 
     def __init__(
         self,
@@ -118,6 +119,7 @@ class ProcessPool(TakingTurns):
         self.avg: float | None = None  # moving average of the time per task
         self.warm = [False] * workers  # a worker's first result also timed its start-up
         self.rr_next = 0  # round robin: the worker the next task goes to
+        self.limit = workers  # workers="auto": the workers given tasks are those below it
         # Round robin out of order (torch's in_order=False): a worker whose queue is full is
         # passed over, so a worker stuck on a slow item is not given more (set by make_pool).
         self.skip_full = False
@@ -162,7 +164,7 @@ class ProcessPool(TakingTurns):
         self.pass_id += 1
         self.active = [True] * self.workers
         self.rr_next = 0  # every pass starts at worker 0, as torch's iterators do
-        self.depth = -(-max_in_flight // self.workers)
+        self.depth = -(-max_in_flight // self.limit)
         for wid, waiting in self.to_start.items():  # an abandoned pass's: never sent
             for task in waiting:
                 self.outstanding[wid].pop(task.seq, None)
@@ -279,7 +281,7 @@ class ProcessPool(TakingTurns):
         slow = None if self.avg is None or self.concurrent else max(4 * self.avg, 0.001)
         best = cap
         choice = None
-        for wid in range(self.workers):
+        for wid in range(self.limit):
             load = len(self.outstanding[wid]) + self.stale[wid]
             if load >= best:
                 continue
@@ -324,11 +326,36 @@ class ProcessPool(TakingTurns):
                         if res is not None:
                             out.append(res)
             if got:
+                if self.limit < self.workers:  # workers="auto" went down: they may leave now
+                    self._retire_idle()
                 return out  # deliver what came first; a death shows up on the next call
             for wid in dict.fromkeys(dead):  # its pipe and its sentinel: one death
                 out.extend(self._died(wid))
             if out:
                 return out
+
+    def resize(self, count: int, in_flight: int) -> None:
+        """Give tasks to workers ``0 .. count - 1`` from now on (``workers="auto"``): one
+        not started yet starts with its first task; one above them leaves once it has
+        answered every task it holds (:meth:`_retire_idle`)."""
+        self.limit = count
+        self.depth = -(-in_flight // count)
+        self._retire_idle()
+
+    def _retire_idle(self) -> None:
+        """Stop the workers above the limit that hold no task, and wait for their exit: the
+        budget counts a process until it has exited."""
+        for wid in range(self.limit, self.workers):
+            if self.procs[wid] is None or self.outstanding[wid] or self.stale[wid]:
+                continue
+            if wid in self.to_start or self.unsent[wid]:
+                continue
+            proc = self.procs[wid]
+            with contextlib.suppress(OSError, ValueError):
+                self.conns[wid].send(None)
+            _wait_gone([proc], STOP_GRACE)
+            self._last_words(wid)
+            self._forget(wid)
 
     def by_fd_conns(self) -> list[Any]:
         return [c for c in self.conns if c is not None]

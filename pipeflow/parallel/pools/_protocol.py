@@ -46,6 +46,11 @@ class Pool(Protocol):
     broken: bool  # a worker died: the pool can't be reused
     plain: bool  # an "ok" reply's payload is the result itself (nothing to decode or free)
     trims: bool  # end_pass gives back memory kept for reuse (shared memory)
+    resizable: bool  # workers="auto" may change how many workers it uses mid-pass
+
+    def resize(self, count: int, in_flight: int) -> None:
+        """Use *count* of the workers from now on (``workers="auto"``), *in_flight* items at
+        once at most; a worker no longer used leaves once it has no item."""
 
     def start_pass(self, max_in_flight: int) -> None:
         """Forget the tasks of an earlier pass; the next tasks belong to a new one."""
@@ -123,6 +128,11 @@ class PoolDefaults:
 
     plain = False
     trims = False
+    #: ``workers="auto"`` may change how many of its workers it uses while a pass runs
+    resizable = False
+
+    def resize(self, count: int, in_flight: int) -> None:
+        """Use *count* of the workers from now on, *in_flight* items at once at most."""
 
     def submit(self, seq: int, epoch: int, item: Any) -> bool:
         raise NotImplementedError

@@ -37,6 +37,8 @@ DIED = "_pipeflow_thread_died"
 class ThreadPool(InProcessPool):
     """Worker threads: a shared task queue for maps, one queue per thread for sources."""
 
+    resizable = True  # workers="auto": see resize()
+
     def __init__(self, spec: WorkerSpec, *, name: str, round_robin: bool) -> None:
         """*spec*: what each worker starts with (its ``worker_id`` set per thread). Threads
         start as work arrives: a task for a thread not started yet (round robin), or, on the
@@ -52,27 +54,57 @@ class ThreadPool(InProcessPool):
         self._rr = itertools.cycle(range(workers))
         self.threads: list[threading.Thread] = []
         self.died = False  # a worker thread is gone: the pool is broken, its others joined
+        # workers="auto" (shared queue only): how many threads take items, and the threads
+        # told to leave when it went down
+        self.limit = workers
+        self.running = 0  # threads started and not told to leave
+        self.leaving = Leaving()
         LIVE.add(self)
 
     def _start(self, wid: int) -> None:
-        """Start thread *wid* (threads start in order of their ids)."""
+        """Start thread *wid* (threads start in order of their ids; after a resize down,
+        the lowest id a thread left)."""
         spec, job = self.spec, self.spec.job
         own_job = job.clone() if isinstance(job, SourceJob) else job
         restore = spec.restore[wid] if spec.restore else None
         own = spec._replace(job=own_job, worker_id=wid, restore=restore)
         t = threading.Thread(
             target=thread_main,
-            args=(self.queues[wid], self.results, own, self.current),
+            args=(self.queues[wid], self.results, own, self.current, self.leaving),
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
         t.start()
-        self.threads.append(t)
+        if wid < len(self.threads):
+            self.threads[wid] = t
+        else:
+            self.threads.append(t)
+        self.running += 1
 
     def _grow(self) -> None:
         """Shared queue: one thread more while fewer run than there are tasks out."""
-        if len(self.threads) < min(self.workers, len(self.outstanding)):
-            self._start(len(self.threads))
+        if self.running < min(self.limit, len(self.outstanding)):
+            if self.leaving.cancel():  # a thread told to leave stays instead
+                self.running += 1
+            else:
+                self._start(self._free_id())
+
+    def _free_id(self) -> int:
+        """The id of the next thread: the lowest one whose thread left, else a new one."""
+        left = self.leaving.left
+        for wid in sorted(left):
+            if not self.threads[wid].is_alive():
+                left.remove(wid)
+                return wid
+        return len(self.threads)
+
+    def resize(self, count: int, in_flight: int) -> None:
+        """Use *count* threads from now on (``workers="auto"``): more start as items come;
+        the ones too many leave as each ends the item it runs (:class:`Leaving`)."""
+        self.limit = count
+        if self.running > count:
+            self.leaving.add(self.running - count)
+            self.running = count
 
     def start_pass(self, max_in_flight: int) -> None:
         self.pass_id += 1
@@ -100,7 +132,7 @@ class ThreadPool(InProcessPool):
                 self._start(len(self.threads))
         self.queues[max(wid, 0)].put(Task(self.pass_id, seq, epoch, item))
         self.outstanding[seq] = item
-        if not self.round_robin and len(self.threads) < self.workers:
+        if not self.round_robin and self.running < self.limit:
             self._grow()
         return True
 
@@ -114,7 +146,7 @@ class ThreadPool(InProcessPool):
         self.outstanding.update(items)
         for task in todo:  # each task out first, so the threads started work while more start
             put(task)
-            if len(self.threads) == self.workers:
+            if self.running >= self.limit:
                 break
             self._grow()
         deque(map(put, todo), 0)
@@ -164,7 +196,8 @@ class ThreadPool(InProcessPool):
         """Nothing came: if a worker thread has ended (none does before :meth:`close`), its
         reply if it sent one just before, else a :class:`WorkerDiedError`; ``None`` while
         every thread runs."""
-        dead = [w for w, t in enumerate(self.threads) if not t.is_alive()]
+        gone = set(self.leaving.left)  # read once: a thread may leave while this looks
+        dead = [w for w, t in enumerate(self.threads) if not t.is_alive() and w not in gone]
         if not dead or self.closed:
             return None
         try:
@@ -198,13 +231,49 @@ class ThreadPool(InProcessPool):
         self.closed = True
         LIVE.discard(self)
         for q in {id(q): q for q in self.queues}.values():
-            for _ in range(self.workers):
+            for _ in range(max(self.workers, len(self.threads))):
                 q.put(None)
         # After a timeout a thread may be stuck in user code: the error must not wait on it.
         # Else the reaper waits for them (interpreter exit waits for it), not the consumer.
         if not self.broken or self.died:
             in_background(partial(_join, self.threads, STOP_GRACE))
         # A thread stuck in user code can't be stopped; it is a daemon and holds no process.
+
+
+class Leaving:
+    """How many threads of a shared queue are still to leave (``workers="auto"`` went
+    down), and the ids of those that left. A thread looks between two items: one that runs
+    an item ends it first, and an idle one leaves after its next item (or at close)."""
+
+    __slots__ = ("due", "left", "lock")
+
+    def __init__(self) -> None:
+        self.due = 0
+        self.left: list[int] = []
+        self.lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        """*count* more threads are to leave."""
+        with self.lock:
+            self.due += count
+
+    def take(self, wid: int) -> bool:
+        """Thread *wid* ended an item: whether it is one to leave (its id then goes to
+        :attr:`left`)."""
+        with self.lock:
+            if self.due <= 0:
+                return False
+            self.due -= 1
+            self.left.append(wid)
+            return True
+
+    def cancel(self) -> bool:
+        """One thread fewer to leave (the count went up again): whether there was one."""
+        with self.lock:
+            if self.due <= 0:
+                return False
+            self.due -= 1
+            return True
 
 
 def _join(threads: list[threading.Thread], grace: float) -> None:
@@ -219,9 +288,12 @@ def thread_main(
     results: queue.SimpleQueue[Any],
     spec: WorkerSpec,
     current: list[int],
+    leaving: Leaving | None = None,
 ) -> None:
     """A thread worker: the same protocol as a process worker, through queues, no pickling;
-    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped.
+    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped. A
+    Between two items it leaves when *leaving* says one thread is to (``workers="auto"``
+    went down).
 
     Whatever it dies of (an error outside an item's own code: taking its replica's state for
     ``state_dict()``, say), its last reply says so (kind ``"init"``, with the task's pass),
@@ -261,6 +333,9 @@ def thread_main(
             else:
                 took = time.perf_counter_ns() - started
                 results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out, snap()))
+            if leaving is not None and leaving.due and leaving.take(worker_id):
+                task = None
+                break
     except BaseException as e:
         results.put(_death(job, task, worker_id, e))
     finally:

@@ -43,7 +43,7 @@ from pipeflow.parallel.ray._ray_wire import unpack
 from pipeflow.parallel.ray._ray_worker import RayWorker, node_words
 from pipeflow.parallel.transport._wire import Reply, raise_remote
 
-__all__ = ["RayPool", "connect", "ray_pool"]
+__all__ = ["RayPool", "connect", "free_actors", "ray_pool"]
 
 log = logging.getLogger("pipeflow")
 _POOL_IDS = itertools.count()
@@ -425,6 +425,15 @@ def ray_pool(spec: WorkerSpec, config: Any, name: str) -> RayPool:
     )
     pool.skip_full = config.round_robin and not config.ordered
     return pool
+
+
+def free_actors(ray_options: dict[str, Any] | None) -> int:
+    """How many actors of *ray_options* (their ``num_cpus``) the free CPUs of the cluster
+    hold now (at least one): what ``workers="auto"`` starts."""
+    connect()
+    free = float(ray.available_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
+    each = float(actor_options(ray_options).get("num_cpus") or 1)
+    return max(1, int(free // each))
 
 
 def _pickled(spec: WorkerSpec, name: str) -> bytes:
