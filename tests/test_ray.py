@@ -337,3 +337,33 @@ def test_items_go_to_the_actors_that_run_when_the_cluster_has_no_room_for_all(
             assert list(loader) == list(range(40, 0, -1))
     assert "the actors that run take the items" in caplog.text
     loader.close()
+
+
+def test_auto_starts_an_actor_per_free_cpu_and_says_so(cluster: Any) -> None:
+    """``workers="auto"`` starts as many actors as the cluster's free CPUs hold (the other
+    tests' persistent actors may hold some), never one it has no room for."""
+    for each in (1, 2):
+        free = _settled_free_cpus()
+        stage = pf.parallel_map(abs, workers="auto", backend="ray", ray_options={"num_cpus": each})
+        loader = pf.from_iterable(range(-30, 0)) | stage
+        assert list(loader) == list(range(30, 0, -1))
+        row = loader.stats().stages[-1]
+        want = max(1, int(free // each))
+        assert row.workers == want, free
+        words = "the Ray cluster's free CPUs when its actors started"
+        assert row.auto == f"auto: {want} actor{'s' if want > 1 else ''} ({words})"
+        loader.close()
+
+
+def _settled_free_cpus() -> float:
+    """The cluster's free CPUs once the last loader's actors gave theirs back (two reads
+    half a second apart agree)."""
+    deadline = time.monotonic() + 60
+    last = -1.0
+    while time.monotonic() < deadline:
+        free = float(ray.available_resources().get("CPU", 0))
+        if free == last:
+            return free
+        last = free
+        time.sleep(0.5)
+    return last
