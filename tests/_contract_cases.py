@@ -239,10 +239,12 @@ def _map_style(seed: int, size: int, variant: int) -> pf.Loader[Any]:
     return out
 
 
-def _parallel(ordered: bool, backend: str = "thread") -> Callable[[int, int, int], pf.Loader[Any]]:
+def _parallel(
+    ordered: bool, backend: str = "thread", workers: int | str = 2
+) -> Callable[[int, int, int], pf.Loader[Any]]:
     def build(seed: int, size: int, variant: int) -> pf.Loader[Any]:
         work = pf.fetch(Numbers(size, variant)) | pf.map(Jittered(tagged))
-        stage = pf.parallel_map(work, workers=2, backend=backend, ordered=ordered)
+        stage = pf.parallel_map(work, workers=workers, backend=backend, ordered=ordered)
         out: pf.Loader[Any] = pf.indices(size) | pf.shuffle(seed=seed) | pf.batch(3) | stage
         return out
 
@@ -327,10 +329,12 @@ def _read_jsonl(seed: int, size: int, variant: int) -> pf.Loader[Any]:
     return pf.shards(paths, seed=seed) | pf.read_jsonl() | pf.shuffle(seed=seed, buffer_size=3)
 
 
-def _parallel_source(backend: str) -> Callable[[int, int, int], pf.Loader[Any]]:
+def _parallel_source(
+    backend: str, workers: int | str = 2
+) -> Callable[[int, int, int], pf.Loader[Any]]:
     def build(seed: int, size: int, variant: int) -> pf.Loader[Any]:
         inner = _tars(seed, size, variant)
-        return pf.parallel_source(inner, workers=2, backend=backend, seed=seed + 3)
+        return pf.parallel_source(inner, workers=workers, backend=backend, seed=seed + 3)
 
     return build
 
@@ -433,6 +437,19 @@ PIPELINES: dict[str, Pipeline] = {
         Pipeline("parallel_map_thread", _parallel(ordered=True)),
         Pipeline("parallel_map_thread_unordered", _parallel(ordered=False), ordered=False),
         Pipeline("parallel_map_process", _parallel(True, "process"), sizes=(10,), slow=True),
+        Pipeline("parallel_map_auto_thread", _parallel(True, workers="auto")),
+        Pipeline(
+            "parallel_map_auto_thread_unordered",
+            _parallel(False, workers="auto"),
+            ordered=False,
+        ),
+        Pipeline(
+            "parallel_map_auto_process",
+            _parallel(True, "process", "auto"),
+            sizes=(10,),
+            slow=True,
+        ),
+        Pipeline("parallel_source_auto_thread", _parallel_source("thread", "auto")),
         Pipeline("filter", _filter),
         Pipeline("ignore_errors", _ignore_errors),
         Pipeline("buffer_shuffle", _buffer_shuffle),

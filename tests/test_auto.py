@@ -313,12 +313,15 @@ class Shard:
         return iter(range(start, 300, step))
 
 
-def test_a_source_takes_its_count_at_each_pass_and_every_item_once() -> None:
+def test_a_source_chooses_its_count_once_and_reads_every_item_once() -> None:
+    """A stream is split by worker: its count is one per CPU, kept for every pass (the
+    passes' order is the fixed count's), whatever a resize schedule asks."""
     loader = pf.parallel_source(pf.from_iterable(Shard()), workers="auto", backend="thread")
-    with forced(lambda k: 1):  # sources take the measured count between passes only
+    fixed = pf.parallel_source(pf.from_iterable(Shard()), workers=min(cpus(), 64), backend="thread")
+    with forced(lambda k: 1):
         for _ in range(3):
-            assert sorted(loader) == list(range(300))
-    assert loader.stats().stages[0].auto is not None
+            assert list(loader) == list(fixed)
+    assert loader.stats().stages[0].auto.startswith(f"auto: {cpus()} thread")
 
 
 def test_a_source_state_resumes_with_the_count_it_was_taken_with() -> None:

@@ -310,6 +310,8 @@ CASES = [
     stage("Stage", lambda: pf.batch(2) | pf.unbatch() | pf.map(square), id="Stage-piped"),
     parallel("parallel_map-thread", lambda: pf.parallel_map(square, **threads())),
     parallel("parallel_map-thread-unordered", lambda: pf.parallel_map(square, **threads(ordered=False))),
+    parallel("parallel_map-auto-thread", lambda: pf.parallel_map(square, workers="auto", seed=1)),
+    parallel("parallel_map-auto-fork-unordered", lambda: pf.parallel_map(square, workers="auto", backend="process", ordered=False, seed=1)),
     parallel("parallel_map-thread-stage", lambda: pf.parallel_map(pf.fetch(DATA) | pf.map(square), **threads())),
     parallel("parallel_map-fork", lambda: pf.parallel_map(square, **procs("fork"))),
     parallel("parallel_map-fork-unordered", lambda: pf.parallel_map(square, **procs("fork", ordered=False))),

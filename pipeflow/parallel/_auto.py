@@ -13,8 +13,9 @@ workers the pool uses, in windows of at least :data:`WINDOW` seconds:
 - **Steady** otherwise; a settled count is probed again after :data:`REPROBE` windows, twice
   as long after each probe that did not pay (up to 32 times as long).
 
-``parallel_source`` splits its source by worker, so its count can't change within a pass:
-each pass is one window there (:func:`sized_source`), and the next pass takes the count.
+``parallel_source`` splits its stream by worker, so another count is another interleaving of
+its items: its count is chosen once, one per CPU within the budget (see
+:mod:`pipeflow.parallel._source`).
 
 The budget: processes (and event loops, one per CPU at most) share the CPUs this process may
 run on (``os.sched_getaffinity``) with the other auto stages running in it; threads are
@@ -64,7 +65,7 @@ HOLD = 0.95
 REPROBE = 20
 
 _LOCK = threading.Lock()
-_CLAIMS: dict[int, int] = {}  # id(tuner) -> the CPUs its running pass holds
+_CLAIMS: dict[int, Tuner] = {}  # id(tuner) -> the tuners of the running passes of processes
 _FORCED: list[Callable[[int], int]] = []  # the test hook: the count to use after k replies
 
 
@@ -156,11 +157,20 @@ class Tuner:
         """A pass starts on *pool*: it takes the count (within what the budget leaves now)."""
         self.pool, self.epoch, self.seen = pool, epoch, 0
         count = min(self.count, self.room())
-        if self.shares_cpus:
-            with _LOCK:
-                _CLAIMS[id(self)] = count
+        self.claim()
         self._apply(count, self.history[-1].reason if count == self.count else "the budget")
         self._open(time.perf_counter())
+
+    def claim(self) -> None:
+        """Count this stage's processes against the budget until :meth:`end`."""
+        if self.shares_cpus:
+            with _LOCK:
+                _CLAIMS[id(self)] = self
+
+    def held(self) -> int:
+        """The CPUs this stage holds: its count, or more while workers above it finish."""
+        live = getattr(self.pool, "live", None)
+        return max(self.count, live()) if live is not None else self.count
 
     def end(self) -> None:
         """The pass ended: its CPUs go back to the budget."""
@@ -178,7 +188,7 @@ class Tuner:
         if not self.shares_cpus:
             return self.cap
         with _LOCK:
-            others = sum(n for key, n in _CLAIMS.items() if key != id(self))
+            others = sum(t.held() for key, t in _CLAIMS.items() if key != id(self))
         return max(1, min(self.cap, cpus() - others))
 
     def tick(self, got: int, waited: float) -> bool:
@@ -290,9 +300,6 @@ class Tuner:
         """Use *count* workers from now on (the pool too, when a pass runs)."""
         changed = count != self.count
         self.count = count
-        if self.shares_cpus and self.pool is not None:
-            with _LOCK:
-                _CLAIMS[id(self)] = count
         if self.pool is not None:
             self.pool.resize(count, self.in_flight)
         if changed:
@@ -323,27 +330,3 @@ def _one(kind: str) -> str:
         ('process', 'thread', 'event loop')
     """
     return kind[:-2] if kind.endswith("sses") else kind[:-1]
-
-
-def sized_source(items: Iterator[Any], tuner: Tuner) -> Iterator[Any]:
-    """A ``parallel_source`` pass's *items*, measured as one window of *tuner*: at the end
-    of the pass it moves the count the next pass takes (a pass cut short says nothing)."""
-    waited = 0.0
-    count = 0
-    began = time.perf_counter()
-    try:
-        while True:
-            ask = time.perf_counter()
-            try:
-                item = next(items)
-            except StopIteration:
-                break
-            waited += time.perf_counter() - ask
-            count += 1
-            tuner.seen = count
-            yield item
-        span = time.perf_counter() - began
-        if span > 0 and count:
-            tuner.decide(count / span, min(waited / span, 1.0))
-    finally:
-        tuner.end()

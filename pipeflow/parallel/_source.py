@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from pipeflow.engine._context import Context, Hooks
 from pipeflow.engine.loader import Loader, Source
-from pipeflow.parallel._auto import Tuner, cpus, sized_source
+from pipeflow.parallel._auto import Tuner, cpus
 from pipeflow.parallel._records import SourceRecord
 from pipeflow.parallel._run import run_parallel
 from pipeflow.parallel._settings import Settings, settings
@@ -50,7 +50,7 @@ class _ParallelSource(Source[Any]):
         hooks = hooks or Hooks()
         config, tuner = self.config, None
         if config.auto:
-            config, tuner = _sized(config, hooks, context.epoch)
+            config, tuner = _sized(config, hooks)
         _even_batches(self.loader, config.workers, when_built=False)
         job = SourceJob(self.loader, "parallel_source")
         # Read now, as the pass starts (not at its first item): what this pass tells workers.
@@ -60,9 +60,9 @@ class _ParallelSource(Source[Any]):
         hooks.record = record
         it = run_parallel(job, config, "parallel_source", None, context, hooks, note)
         if tuner is not None:
+            it = _claimed(it, tuner)
             if hooks.stats is not None:
                 hooks.stats.auto = tuner
-            it = sized_source(it, tuner)
         if context.start and hooks.saved is None:  # no record: the items are read again
             return islice(it, context.start, None)
         return _naming_positions(it, record, self.loader)
@@ -85,26 +85,38 @@ class _ParallelSource(Source[Any]):
         return _ParallelSource(loader, config)
 
 
-def _sized(config: Settings, hooks: Hooks, epoch: int) -> tuple[Settings, Tuner]:
-    """``workers="auto"``: this pass's settings, with the count its tuner (kept by the
-    loader) takes now, or the count the resumed state's record was taken with (each worker
-    resumes its own replica)."""
+def _sized(config: Settings, hooks: Hooks) -> tuple[Settings, Tuner]:
+    """``workers="auto"``: this pass's settings, with the count the stage took at its first
+    pass (one worker per CPU the budget leaves it), or the count a resumed state's record
+    was taken with (each worker resumes its own replica).
+
+    A stream is split by worker, so another count is another interleaving of its items: a
+    count measured between passes would make the passes after a resumed one differ from the
+    uninterrupted run's. So the count is chosen once, and kept."""
     tuner: Tuner | None = hooks.resources.get("auto")
     if tuner is None:
+        why = "one per CPU: a stream's split is by worker, so the count is chosen once"
         tuner = Tuner(
             config.kind(),
             config.workers,
             shares_cpus=config.backend == "process",
             start=min(cpus(), config.workers),
-            reprobe=2,
+            fixed=why,
         )
+        tuner.count = min(tuner.count, tuner.room())
         hooks.resources["auto"] = tuner
-    tuner.begin(None, epoch)
-    count = tuner.count
     if isinstance(hooks.saved, dict) and isinstance(hooks.saved.get("workers"), dict):
-        count = len(hooks.saved["workers"])  # checked when the state was loaded
-        tuner.count = count
-    return dataclasses.replace(config, workers=count, auto=False), tuner
+        tuner.count = len(hooks.saved["workers"])  # checked when the state was loaded
+    tuner.claim()  # until the pass ends (_claimed)
+    return dataclasses.replace(config, workers=tuner.count, auto=False), tuner
+
+
+def _claimed(items: Iterator[Any], tuner: Tuner) -> Iterator[Any]:
+    """*items*; then the pass's processes go back to the budget."""
+    try:
+        yield from items
+    finally:
+        tuner.end()
 
 
 def _naming_positions(
@@ -255,11 +267,11 @@ def parallel_source(
     torch's ``DataLoader`` runs an ``IterableDataset`` in worker processes (``parallel_map``,
     whose usual work is I/O or decoding, defaults to threads).
 
-    ``workers="auto"`` picks the count at each pass's start, since the stream is split by
-    worker: the first pass takes one worker per CPU (at most the budget
-    :func:`parallel_map` describes), and each next pass doubles or halves it as the last
-    one's rate and the consumer's wait say. A pass's items are those of a fixed count of
-    that many workers; a state records the count, and a resumed pass takes it again.
+    ``workers="auto"`` takes one worker per CPU (within the budget :func:`parallel_map`
+    describes) when the loader first runs, and keeps that count: the stream is split by
+    worker, so another count is another interleaving, and a count measured between passes
+    would make the passes after a resumed one differ from the uninterrupted run's. A state
+    records the count, and a resumed pass takes it again.
 
     A worker process that dies ends the pass with :class:`~pipeflow.WorkerDiedError` (its
     replica's stream can't be taken up where it stopped, so there is no ``restarts``), and

@@ -342,6 +342,10 @@ class ProcessPool(TakingTurns):
         self.depth = -(-in_flight // count)
         self._retire_idle()
 
+    def live(self) -> int:
+        """How many worker processes run now (those above the limit still finishing too)."""
+        return sum(proc is not None for proc in self.procs)
+
     def _retire_idle(self) -> None:
         """Stop the workers above the limit that hold no task, and wait for their exit: the
         budget counts a process until it has exited."""
