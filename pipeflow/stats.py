@@ -40,6 +40,7 @@ class StageRecord:
 
     __slots__ = (
         "auto",
+        "auto_base",
         "busy_ns",
         "ignored",
         "ignored_indices",
@@ -70,6 +71,7 @@ class StageRecord:
         self.workers = 0
         self.max_in_flight = 0
         self.auto: Any = None  # workers="auto": the stage's tuner (its count and history)
+        self.auto_base = 0  # its worker-nanoseconds before this record began
         self.task_ns: deque[int] = deque(maxlen=_KEEP)
         self.task_total_ns = 0
         self.in_flight = 0
@@ -524,9 +526,14 @@ def _stage_stats(
 def _worker_numbers(rec: StageRecord, active_ns: int) -> dict[str, Any]:
     """A parallel stage's numbers about its workers, over *active_ns* of passes."""
     tasks = list(rec.task_ns)
+    # workers="auto": the count changed as it ran; its tuner knows each count's time
+    if rec.auto is not None and rec.auto.fixed is None:  # a count that moved as it ran
+        capacity = rec.auto.capacity() - rec.auto_base
+    else:
+        capacity = rec.workers * active_ns
     return {
         "workers": rec.workers,
-        "worker_busy": min(rec.task_total_ns / (rec.workers * active_ns), 1.0),
+        "worker_busy": min(rec.task_total_ns / max(capacity, 1), 1.0),
         "queue_occupancy": (
             rec.in_flight / rec.in_flight_samples / rec.max_in_flight
             if rec.in_flight_samples
@@ -600,7 +607,7 @@ def diagnose(
         if slowest.auto is not None:  # the tuner already sized it: say what it found
             more = (
                 f"{slowest.auto}: more did not pay or would not fit; make each item cheaper, "
-                "or give the process more CPUs"
+                "give the process more CPUs, or set a count yourself"
             )
         return slowest.name, (
             f"{waited}; workers busy {_pct(slowest.worker_busy)} of the time; {more}"

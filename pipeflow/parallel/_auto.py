@@ -145,6 +145,8 @@ class Tuner:
         self.warming = False  # the window after a resize of processes: not measured
         self.second = False  # a step up that did not pay gets a second window
         self.last_wait = 0.0
+        self.worker_ns = 0  # worker-nanoseconds of the passes before the running one's count
+        self.since = 0  # when the running count began (perf_counter_ns)
         self._open(time.perf_counter())
 
     # -- the pass ----------------------------------------------------------------------------
@@ -156,6 +158,7 @@ class Tuner:
     def begin(self, pool: Any, epoch: int) -> None:
         """A pass starts on *pool*: it takes the count (within what the budget leaves now)."""
         self.pool, self.epoch, self.seen = pool, epoch, 0
+        self.since = time.perf_counter_ns()
         count = min(self.count, self.room())
         self.claim()
         self._apply(count, self.history[-1].reason if count == self.count else "the budget")
@@ -176,7 +179,15 @@ class Tuner:
         """The pass ended: its CPUs go back to the budget."""
         with _LOCK:
             _CLAIMS.pop(id(self), None)
-        self.pool = None
+        if self.pool is not None:
+            self.worker_ns = self.capacity()
+            self.pool = None
+
+    def capacity(self) -> int:
+        """Worker-nanoseconds the passes had: each count times how long it ran (what the
+        workers' busy share in ``stats()`` divides by)."""
+        running = 0 if self.pool is None else time.perf_counter_ns() - self.since
+        return self.worker_ns + self.count * running
 
     def close(self) -> None:
         """The loader closed (it keeps the tuner with its resources)."""
@@ -299,6 +310,8 @@ class Tuner:
     def _apply(self, count: int, reason: str) -> None:
         """Use *count* workers from now on (the pool too, when a pass runs)."""
         changed = count != self.count
+        if self.pool is not None:
+            self.worker_ns, self.since = self.capacity(), time.perf_counter_ns()
         self.count = count
         if self.pool is not None:
             self.pool.resize(count, self.in_flight)

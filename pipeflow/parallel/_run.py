@@ -187,7 +187,9 @@ def _results(
 def _resized(tuner: Tuner, stats: Any) -> int:
     """The tuner's in-flight bound, and its count told to the stage's statistics."""
     if stats is not None:
-        stats.workers, stats.max_in_flight, stats.auto = tuner.count, tuner.in_flight, tuner
+        if stats.auto is not tuner:  # a new record (reset_stats()): its share from now on
+            stats.auto, stats.auto_base = tuner, tuner.capacity()
+        stats.workers, stats.max_in_flight = tuner.count, tuner.in_flight
     return tuner.in_flight
 
 

@@ -62,7 +62,7 @@ class _ParallelSource(Source[Any]):
         if tuner is not None:
             it = _claimed(it, tuner)
             if hooks.stats is not None:
-                hooks.stats.auto = tuner
+                hooks.stats.auto, hooks.stats.auto_base = tuner, tuner.capacity()
         if context.start and hooks.saved is None:  # no record: the items are read again
             return islice(it, context.start, None)
         return _naming_positions(it, record, self.loader)
