@@ -512,7 +512,7 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
         return
     job, info, told_torch = started
     worker_id = spec.worker_id
-    send, recv = conn.send_bytes, conn.recv
+    send, recv, monotonic = conn.send_bytes, conn.recv, time.monotonic
     writer = Writer(spec.prefix, keep_bytes=_segments.keep_budget(spec.num_workers))
     writer.activate()
     snap = Snapshotter(job, spec.rng_state, own=True)
@@ -533,9 +533,10 @@ def process_main(conn: Any, spec: WorkerSpec) -> None:
             told_torch = _tell_torch(info)
         reply = _process_task(job, task, worker_id, writer)
         state = snap()
-        if state is not None:  # its objects' states pickled now, read where a state needs them
-            reply = reply._replace(state=pack(state))
+        packed = None if state is None else pack(state)  # pickled now: read where a state needs it
         writer.unreserve()
+        # when it is done with the item: its next one starts as this reply is sent
+        reply = reply._replace(state=packed, ended=monotonic())
         try:
             send(pickle.dumps(reply, protocol=5))
         except (BrokenPipeError, OSError):

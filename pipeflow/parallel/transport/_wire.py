@@ -94,6 +94,14 @@ class Reply(NamedTuple):
         state: what changed in the worker's state for ``state_dict()`` since its previous
             reply (its dataset's or replica's state, its global generators: see
             :class:`~pipeflow.parallel.pools._worker.Snapshotter`), or ``None``.
+        ended: the worker's ``time.monotonic()`` as it was done with the item, from a
+            worker process that runs one item at a time: its next item starts then. Every
+            process of a machine reads the same monotonic clock, so the pool learns when that
+            was even if it reads the reply late (the consumer held results meanwhile); see
+            ``busy_since`` in :mod:`pipeflow.parallel.pools._processes`. ``0.0`` from
+            other workers: threads, whose pool sees when they take an item, event loops,
+            which start each item as it arrives, and Ray actors, on machines with clocks
+            of their own.
     """
 
     pass_id: int | None
@@ -103,6 +111,7 @@ class Reply(NamedTuple):
     took: int = 0
     payload: Any = None
     state: Any = None
+    ended: float = 0.0
 
 
 class Exhausted(Exception):
@@ -139,7 +148,7 @@ def tasks(pass_id: int, epoch: int, items: list[tuple[int, Any]]) -> list[Task]:
 def reply(pass_id: int | None, kind: str, seq: int, worker: int, took: int, payload: Any) -> Reply:
     """``Reply(...)`` with every field given: the same record, without the Python
     ``__new__`` a NamedTuple's constructor runs (a reply per item, on a busy event loop)."""
-    return _new(Reply, (pass_id, kind, seq, worker, took, payload, None))
+    return _new(Reply, (pass_id, kind, seq, worker, took, payload, None, 0.0))
 
 
 def remote_error(e: BaseException) -> RemoteError:
