@@ -112,6 +112,11 @@ class LoopPool(InProcessPool):
         self.load[0] += len(items)
         return len(items)
 
+    def busy_since(self) -> float | None:
+        """When the item running longest on a loop began (``None``: none runs). Items waiting
+        on a loop for a coroutine of its share to end do not count."""
+        return min(filter(None, (lp.runner.oldest() for lp in self.loops)), default=None)
+
     def collect(self, timeout: float | None) -> list[Reply] | None:
         try:
             batch = self.results.get(timeout=timeout)

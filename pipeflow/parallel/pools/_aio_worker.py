@@ -91,10 +91,17 @@ class LoopRunner:
         #: item allocates no key; an abandoned pass's dict lives until its tasks are over)
         self.running: dict[int, asyncio.Task[None]] = {}
         self.records: dict[int, Task] = {}  # seq -> the task record, for the same items
+        #: seq -> when each began (``time.monotonic()``), for the same items, in that order
+        self.began: dict[int, float] = {}
         self.waiting: collections.deque[Task] = collections.deque()  # over the limit
         self.pass_id = 0
         self.stopping = False
         self.winding: list[dict[int, asyncio.Task[None]]] = []  # abandoned passes' running
+
+    def oldest(self) -> float | None:
+        """When the pass's longest-running item began (``None``: none runs); safe to call
+        from another thread (one copy, in C, of what the loop's thread changes)."""
+        return next(iter(self.began.copy().values()), None)
 
     def count(self) -> int:
         """Coroutines running now, the abandoned passes' included."""
@@ -120,7 +127,7 @@ class LoopRunner:
     def _abandon(self) -> None:
         """Cancel the running pass's coroutines; answer its waiting tasks at once."""
         old, records = self.running, self.records
-        self.running, self.records = {}, {}
+        self.running, self.records, self.began = {}, {}, {}
         if old:
             self.winding.append(old)
             for seq, t in list(old.items()):
@@ -135,6 +142,7 @@ class LoopRunner:
         running = self.running
         running[task.seq] = self.loop.create_task(self._one(task, running))
         self.records[task.seq] = task
+        self.began[task.seq] = time.monotonic()
 
     def _ended(self, task: Task, running: dict[int, asyncio.Task[None]]) -> bool:
         """*task*'s coroutine is over: the next waiting task, if any, starts. Whether it was
@@ -142,7 +150,7 @@ class LoopRunner:
         if running.pop(task.seq, None) is None:
             return False
         if running is self.running:
-            del self.records[task.seq]
+            del self.records[task.seq], self.began[task.seq]
         elif not running:  # the last of an abandoned pass
             self.winding.remove(running)
         if self.waiting and not self.stopping:

@@ -37,6 +37,13 @@ from pipeflow.parallel.transport._wire import Encoded, Reply, Task, Trim, raise_
 __all__ = ["ProcessPool"]
 
 _POOL_IDS = itertools.count()
+#: A worker's reply stamps when it was done with its item (``Reply.ended``); it is free for
+#: its next one as soon as the reply is in the pipe, unless the pipe was too full to take it
+#: (this process did not read it while the consumer held results), and the send waited. That
+#: can't happen while the pipe holds at most these many bytes (a socket buffer holds 8 KiB
+#: on macOS, about 200 KiB on Linux); a reply is a few hundred bytes, unless its results
+#: come through the pipe (``/dev/shm`` full) or its state for ``state_dict()`` is large.
+_TRUSTED_BYTES = 4096
 log = logging.getLogger("pipeflow")
 
 
@@ -115,7 +122,13 @@ class ProcessPool(TakingTurns):
         self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
         self.stale: list[int] = [0] * workers  # tasks of earlier passes still out
         self.depth = 2  # tasks queued per worker, at most (set per pass)
-        self.head_since = [0.0] * workers  # when each worker's current task started, roughly
+        # When each worker was sent each task it has not answered yet (any pass's), by
+        # (pass, seq), in the order sent; and when it was done with its last one (its
+        # reply's end, or when that was read): together, since when it holds an item
+        # (see busy_since).
+        self.sent_at: list[dict[tuple[int | None, int], float]] = [{} for _ in range(workers)]
+        self.free_since = [0.0] * workers
+        self.emptied = [0.0] * workers  # when each worker's pipe was last found empty
         self.avg: float | None = None  # moving average of the time per task
         self.warm = [False] * workers  # a worker's first result also timed its start-up
         self.rr_next = 0  # round robin: the worker the next task goes to
@@ -194,8 +207,6 @@ class ProcessPool(TakingTurns):
             later = wid in self.to_start or bool(self.by_fd)
             if not later:
                 self._start(wid)  # the pool's first worker
-        if not self.outstanding[wid] and not self.stale[wid]:
-            self.head_since[wid] = time.monotonic()
         self.epoch = epoch
         freed = self.reader.take_freed(self.lives.keys[wid])  # segments it may write again
         task = Task(self.pass_id, seq, epoch, item, freed)
@@ -210,6 +221,7 @@ class ProcessPool(TakingTurns):
             self.conns[wid].send(task)
         except OSError:  # BrokenPipeError: the worker is gone (collect() sees its sentinel)
             pass
+        self.sent_at[wid][self.pass_id, seq] = time.monotonic()
         return True
 
     def submit_many(self, items: list[tuple[int, Any]], epoch: int) -> int:
@@ -247,18 +259,23 @@ class ProcessPool(TakingTurns):
         wid = next(iter(self.to_start))
         tasks = self.to_start.pop(wid)
         self._start(wid)
+        self._send(wid, tasks)
+
+    def _send(self, wid: int, tasks: list[Task]) -> None:
+        """Send *tasks* to worker *wid*: in one message to an event loop, else one by one."""
         with contextlib.suppress(OSError):  # the worker is gone: collect() sees it
             if self.concurrent:
                 self.conns[wid].send(tasks)
-                return
-            for task in tasks:
-                self.conns[wid].send(task)
+            else:
+                for task in tasks:
+                    self.conns[wid].send(task)
+        now = time.monotonic()
+        self.sent_at[wid].update({(task.pass_id, task.seq): now for task in tasks})
 
     def _send_unsent(self) -> None:
         for wid in [w for w, tasks in enumerate(self.unsent) if tasks]:
             tasks, self.unsent[wid] = self.unsent[wid], []
-            with contextlib.suppress(OSError):  # the worker is gone: collect() sees it
-                self.conns[wid].send(tasks)
+            self._send(wid, tasks)
 
     def _choose(self) -> int | None:
         if self.round_robin:  # torch's order: task k to worker k % workers
@@ -285,7 +302,7 @@ class ProcessPool(TakingTurns):
             load = len(self.outstanding[wid]) + self.stale[wid]
             if load >= best:
                 continue
-            if slow is not None and load > 0 and now - self.head_since[wid] > slow:
+            if slow is not None and load > 0 and now - (self._since(wid) or now) > slow:
                 continue  # stuck: let its queue drain first (an idle worker is never stuck)
             best, choice = load, wid
         return choice
@@ -310,19 +327,22 @@ class ProcessPool(TakingTurns):
                     continue
                 assert isinstance(r, multiprocessing.connection.Connection)
                 wid = self.by_fd[r.fileno()]
+                size = 0  # the bytes read from this pipe since it was last found empty
                 while True:
                     try:
                         if not _readable(r):
+                            self.emptied[wid] = time.monotonic()
                             break
                         msg = r.recv_bytes()
                     except (EOFError, OSError):  # the pipe closed: the worker is gone
                         dead.append(wid)
                         break
                     got = True
+                    size += len(msg)
                     # Outside the try: a worker_init that raised an OSError (a missing file)
                     # is re-raised here, and must not read as a closed pipe.
                     for reply in _replies(msg):
-                        res = self._receive(wid, reply)
+                        res = self._receive(wid, reply, size)
                         if res is not None:
                             out.append(res)
             if got:
@@ -364,15 +384,19 @@ class ProcessPool(TakingTurns):
     def by_fd_conns(self) -> list[Any]:
         return [c for c in self.conns if c is not None]
 
-    def _receive(self, wid: int, reply: Reply) -> Reply | None:
+    def _receive(self, wid: int, reply: Reply, size: int | None = None) -> Reply | None:
+        """Take worker *wid*'s *reply*, read from its pipe after *size* bytes since the pipe
+        was last found empty (``None``: read otherwise); ``None`` if it is not this pass's."""
         if reply.kind == "init":
             raise_remote(reply.payload, f"worker_init in worker {wid} (pid {self.procs[wid].pid})")
-        now = time.monotonic()
-        if self.warm[wid]:
-            took = now - self.head_since[wid]
+        began = self._since(wid)
+        self.sent_at[wid].pop((reply.pass_id, reply.seq), None)
+        end = self._free_from(wid, reply, size)
+        if self.warm[wid] and began is not None:
+            took = end - began
             self.avg = took if self.avg is None else 0.8 * self.avg + 0.2 * took
         self.warm[wid] = True
-        self.head_since[wid] = now
+        self.free_since[wid] = end
         if self.lives.keys[wid] != wid:  # a replacement worker: its segments are its own
             reply = reply._replace(worker=self.lives.keys[wid])
         if reply.kind == "ok" and reply.payload.retired:
@@ -386,6 +410,39 @@ class ProcessPool(TakingTurns):
         if reply.kind == "end":
             self.active[wid] = False
         return reply
+
+    # -- since when a worker holds an item ----------------------------------------------------
+    def busy_since(self) -> float | None:
+        """When the item held longest by a worker now started (``None``: none holds one).
+
+        A worker that runs its tasks one at a time holds the oldest it has not answered: since
+        it was sent, or since the worker was done with the one before, whichever came later
+        (a task queued behind another is not held yet). An event loop holds every task it
+        was sent, each since it was sent. Tasks waiting here for their worker to start are
+        not held."""
+        starts = [since for wid in range(self.workers) if (since := self._since(wid)) is not None]
+        return min(starts, default=None)
+
+    def _since(self, wid: int) -> float | None:
+        """Since when worker *wid* holds an item (``None``: it holds none)."""
+        sent = self.sent_at[wid]
+        if not sent:
+            return None
+        first = next(iter(sent.values()))  # the oldest: in the order sent
+        return first if self.concurrent else max(first, self.free_since[wid])
+
+    def _free_from(self, wid: int, reply: Reply, size: int | None) -> float:
+        """When worker *wid* was free for its next task, as its *reply* (read after *size*
+        bytes of its pipe) shows: the end the worker stamped on it (``Reply.ended``), which
+        holds even when the reply waited in the pipe while the consumer held results; but
+        only if its send can't have waited for this process to read the pipe (it was small,
+        written after the pipe was last found empty, see :data:`_TRUSTED_BYTES`). Else now,
+        as it is read: the worker was free no later, so a timeout never comes early."""
+        now = time.monotonic()
+        ended = reply.ended
+        if size is not None and size <= _TRUSTED_BYTES and self.emptied[wid] < ended <= now:
+            return ended
+        return now
 
     def value(self, reply: Reply) -> Any:
         if reply.kind == "err":
@@ -470,14 +527,8 @@ class ProcessPool(TakingTurns):
         held = self.outstanding[wid]
         self._forget(wid)
         self._start(wid)
-        self.head_since[wid] = time.monotonic()
         tasks = [Task(self.pass_id, seq, self.epoch, item, None) for seq, item in held.items()]
-        with contextlib.suppress(OSError):  # dead again: collect() sees it
-            if self.concurrent:  # an event loop takes them in one message
-                self.conns[wid].send(tasks)
-                return
-            for task in tasks:
-                self.conns[wid].send(task)
+        self._send(wid, tasks)
 
     def _forget(self, wid: int) -> None:
         """Let go of dead worker *wid*: its pipe, its sentinel, its segments' names (a new
@@ -494,6 +545,7 @@ class ProcessPool(TakingTurns):
                 proc.close()
         self.conns[wid] = self.procs[wid] = None
         self.stale[wid] = 0
+        self.sent_at[wid], self.free_since[wid], self.emptied[wid] = {}, 0.0, 0.0
         self.warm[wid] = False
         self.unsent[wid] = []
         self.lives.next_life(wid)

@@ -73,6 +73,13 @@ class Pool(Protocol):
         """Send ``(seq, item)`` pairs in turn; how many were sent (the first ones) before no
         worker had room."""
 
+    def busy_since(self) -> float | None:
+        """Since when (``time.monotonic()``) the worker that has held an item longest without
+        finishing it has held it; ``None`` while no worker holds one. An item counts from
+        when its worker started on it: one queued for a worker busy with another, or waiting
+        for a worker to start, does not count yet. The stage's ``timeout`` counts from here
+        (see ``_Watch`` in :mod:`pipeflow.parallel._run`)."""
+
     def collect(self, timeout: float | None) -> list[Reply] | None:
         """Wait for replies; ``None`` when *timeout* passed with none (a list, maybe empty,
         otherwise). Raises :class:`~pipeflow.WorkerDiedError` when a worker died."""

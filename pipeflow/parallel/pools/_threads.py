@@ -53,6 +53,8 @@ class ThreadPool(InProcessPool):
         self.queues = [queue.SimpleQueue() if round_robin else shared for _ in range(workers)]
         self._rr = itertools.cycle(range(workers))
         self.threads: list[threading.Thread] = []
+        #: when each thread took the task it runs now (0.0: none), written by the threads
+        self.busy = [0.0] * workers
         self.died = False  # a worker thread is gone: the pool is broken, its others joined
         # workers="auto" (shared queue only): how many threads take items, and the threads
         # told to leave when it went down
@@ -70,7 +72,7 @@ class ThreadPool(InProcessPool):
         own = spec._replace(job=own_job, worker_id=wid, restore=restore)
         t = threading.Thread(
             target=thread_main,
-            args=(self.queues[wid], self.results, own, self.current, self.leaving),
+            args=(self.queues[wid], self.results, own, self.current, self.busy, self.leaving),
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
@@ -151,6 +153,11 @@ class ThreadPool(InProcessPool):
             self._grow()
         deque(map(put, todo), 0)
         return len(items)
+
+    def busy_since(self) -> float | None:
+        """When the task run longest by a thread now was taken (``None``: none runs one).
+        Tasks in a queue, not taken yet, do not count."""
+        return min(filter(None, self.busy), default=None)
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
         first = self._wait(timeout)
@@ -288,12 +295,13 @@ def thread_main(
     results: queue.SimpleQueue[Any],
     spec: WorkerSpec,
     current: list[int],
+    busy: list[float],
     leaving: Leaving | None = None,
 ) -> None:
     """A thread worker: the same protocol as a process worker, through queues, no pickling;
-    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped. A
-    Between two items it leaves when *leaving* says one thread is to (``workers="auto"``
-    went down).
+    tasks whose pass is not ``current[0]`` (an abandoned pass's) are skipped. While it runs a
+    task, ``busy[worker_id]`` says since when (for the stage's ``timeout``). Between two
+    items it leaves when *leaving* says one thread is to (``workers="auto"`` went down).
 
     Whatever it dies of (an error outside an item's own code: taking its replica's state for
     ``state_dict()``, say), its last reply says so (kind ``"init"``, with the task's pass),
@@ -321,18 +329,22 @@ def thread_main(
                 break
             if task.pass_id != current[0]:
                 continue  # a task of an abandoned pass
+            busy[worker_id] = time.monotonic()
             started = time.perf_counter_ns()
             try:
                 out = job.run(task.item, task.epoch, task.seq)
             except Exhausted:
-                results.put(Reply(task.pass_id, "end", task.seq, worker_id, 0, None, snap()))
+                reply = Reply(task.pass_id, "end", task.seq, worker_id, 0, None, snap())
             except BaseException as e:
                 # in a box the pool empties when it raises: a reply the consumer's frames
                 # still hold must not hold the exception, whose traceback holds those frames
-                results.put(Reply(task.pass_id, "err", task.seq, worker_id, 0, [e], snap()))
+                reply = Reply(task.pass_id, "err", task.seq, worker_id, 0, [e], snap())
             else:
                 took = time.perf_counter_ns() - started
-                results.put(Reply(task.pass_id, "ok", task.seq, worker_id, took, out, snap()))
+                reply = Reply(task.pass_id, "ok", task.seq, worker_id, took, out, snap())
+            busy[worker_id] = 0.0  # before its reply: the consumer never sees it busy after
+            results.put(reply)
+            del reply  # nor is a failure's exception kept here, while the thread waits
             if leaving is not None and leaving.due and leaving.take(worker_id):
                 task = None
                 break

@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import re
+import time
 from typing import Any, NamedTuple
 
 try:
@@ -63,12 +64,14 @@ def _actor_class() -> Any:
 
 
 class _Call(NamedTuple):
-    """A call in flight: the actor's id and life, the pass, the items' numbers."""
+    """A call in flight: the actor's id and life, the pass, the items' numbers, and when it
+    was sent (``time.monotonic()``)."""
 
     worker: int
     life: int
     pass_id: int
     seqs: list[int]
+    sent: float
 
 
 class RayPool(TakingTurns):
@@ -104,7 +107,9 @@ class RayPool(TakingTurns):
         self.active = [True] * workers
         self.outstanding: list[dict[int, Any]] = [{} for _ in range(workers)]
         self.unsent: list[list[tuple[int, Any]]] = [[] for _ in range(workers)]
-        self.calls: dict[Any, _Call] = {}  # ObjectRef -> the call it answers
+        self.calls: dict[Any, _Call] = {}  # ObjectRef -> the call it answers, in order sent
+        self.answered = [0.0] * workers  # when each actor's last answer was read here
+        self.timeout: float | None = None  # the stage's (see busy_since)
         self.rr_next = 0  # round robin: the actor the next item goes to
         self.skip_full = False  # round robin out of order: a full actor is passed over
         self.filling: int | None = None  # least load: the actor a run of items goes to
@@ -211,7 +216,8 @@ class RayPool(TakingTurns):
             for k in range(0, len(queued), self.per_call):
                 chunk = queued[k : k + self.per_call]
                 ref = run.remote(self.pass_id, self.epoch, chunk)
-                self.calls[ref] = _Call(wid, life, self.pass_id, [seq for seq, _ in chunk])
+                seqs = [seq for seq, _ in chunk]
+                self.calls[ref] = _Call(wid, life, self.pass_id, seqs, time.monotonic())
             self.unsent[wid] = []
 
     def collect(self, timeout: float | None) -> list[Reply] | None:
@@ -231,10 +237,36 @@ class RayPool(TakingTurns):
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         self._note_places(ready)
         out: list[Reply] = []
+        now = time.monotonic()
         for ref in ready:
             if ref in self.calls:  # (not a call of an actor replaced meanwhile)
-                out.extend(self._answer(ref, self.calls.pop(ref)))
+                call = self.calls.pop(ref)
+                self.answered[call.worker] = now
+                out.extend(self._answer(ref, call))
         return out
+
+    def busy_since(self) -> float | None:
+        """When the item an actor has held longest began, as far as this process can tell
+        (``None``: no call is out).
+
+        An actor runs its calls in the order sent, and answers each whole: the call it runs
+        began when it was sent or when its answer to the one before was read here, whichever
+        came later (its own clock is another machine's, maybe). Which item of the call runs
+        is unknown until it answers: so that a call of *k* items none of which took the
+        ``timeout`` is never taken for stuck, its item in progress counts as begun *k* - 1
+        timeouts after the call did. A call of several items may so run up to *k* times the
+        timeout before it is reported (``max_in_flight=2 * workers`` sends calls of one
+        item)."""
+        heads: dict[int, _Call] = {}
+        for call in self.calls.values():
+            heads.setdefault(call.worker, call)  # each actor's oldest call: the one it runs
+        if not heads:
+            return None
+        per_item = self.timeout or 0.0
+        return min(
+            max(call.sent, self.answered[wid]) + (len(call.seqs) - 1) * per_item
+            for wid, call in heads.items()
+        )
 
     def _answer(self, ref: Any, call: _Call) -> list[Reply]:
         """A call's replies, of this pass (or its actor's death, dealt with)."""
@@ -332,6 +364,7 @@ class RayPool(TakingTurns):
             ray.kill(self.actors[wid], no_restart=True)  # gone already, or cut off for good
         for ref in [r for r, c in self.calls.items() if c.worker == wid]:
             del self.calls[ref]
+        self.answered[wid] = 0.0
         self.lives.next_life(wid)
         self._start(wid)
         self.unsent[wid] = list(self.outstanding[wid].items())
@@ -424,6 +457,7 @@ def ray_pool(spec: WorkerSpec, config: Any, name: str) -> RayPool:
         restarts=config.restarts,
     )
     pool.skip_full = config.round_robin and not config.ordered
+    pool.timeout = config.timeout
     return pool
 
 
