@@ -104,7 +104,8 @@ def _rebuild_died(text: str, pid: int | None, exitcode: int | None) -> WorkerDie
 
 
 class WorkerTimeoutError(_EndsThePass, PipeflowError, TimeoutError):
-    """No result came from the workers within the stage's ``timeout``.
+    """A worker held an item for the stage's ``timeout`` without finishing it (or, while
+    items waited, no worker began one within it).
 
     The message names the stage, the timeout, the items in flight (with the worker and pid
     that held each) and every item of the pass that was not delivered. The pass ends, its

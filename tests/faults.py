@@ -92,6 +92,19 @@ class SleepAt:
         return i
 
 
+@dataclass(frozen=True)
+class Sleepy:
+    """Sleep *seconds*, then call *fn*: every item takes a while (a fault injector among
+    items that take time, say)."""
+
+    fn: Any
+    seconds: float
+
+    def __call__(self, i: Any) -> Any:
+        time.sleep(self.seconds)
+        return self.fn(i)
+
+
 class Unrebuildable(Exception):
     """An exception whose constructor needs two arguments: it can't be unpickled."""
 

@@ -9,6 +9,7 @@ coroutine function when they are built.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import gc
 import json
@@ -69,6 +70,18 @@ class Hang:
             await asyncio.sleep(60)
         finally:
             Path(self.folder, f"cancelled-{i}").touch()
+        return i
+
+
+@dataclass(frozen=True)
+class StuckAt:
+    """Every item takes *seconds*, but *index*, which waits (almost) forever."""
+
+    index: int
+    seconds: float
+
+    async def __call__(self, i: int) -> int:
+        await asyncio.sleep(60 if i == self.index else self.seconds)
         return i
 
 
@@ -264,6 +277,41 @@ def test_no_result_within_the_timeout_names_the_items_in_flight(tmp_path, no_lea
     loader = pf.indices(4) | pf.parallel_map(Hang(str(tmp_path), 1), workers=1, timeout=0.3)
     with pytest.raises(WorkerTimeoutError, match=r"in flight: sample indices \[1, 2, 3\]"):
         list(loader)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stuck_coroutine_is_reported_before_the_others_drain_the_input(
+    backend, ordered, no_leaks
+) -> None:
+    """Issue 37, for coroutines: the timeout counts from when the stuck item began on its
+    loop, whatever the other coroutines deliver meanwhile. 1,200 items of 50 ms, 6 at once,
+    need 10 s: before, unordered, the error came once they had all been delivered."""
+    n = 1200
+    stage = pf.parallel_map(
+        StuckAt(5, 0.05), workers=3, backend=backend, ordered=ordered, max_in_flight=6, timeout=1
+    )
+    got: list[int] = []
+    with pytest.raises(WorkerTimeoutError, match=r"no result within timeout=1\.0 s") as info:
+        collections.deque(map(got.append, pf.indices(n) | stage), 0)
+    # About 100 items a second for a second came before the error, not all 1,199.
+    assert len(got) < n // 2, len(got)
+    assert 5 in info.value.undelivered
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_consumer_slower_than_the_timeout_times_out_no_coroutine(backend, no_leaks) -> None:
+    """Items of 20 ms, ``timeout=0.2``, a consumer that takes 0.3 s per result: an item
+    counts from when it began on its loop (and an item waiting on a loop for a running one
+    to end has not begun), never the time the consumer held results."""
+    stage = pf.parallel_map(
+        StuckAt(-1, 0.02), workers=1, backend=backend, max_in_flight=2, timeout=0.2
+    )
+    got = []
+    for x in pf.indices(8) | stage:
+        time.sleep(0.3)
+        got.append(x)
+    assert got == list(range(8))
 
 
 def test_a_failing_worker_init_is_named(no_leaks) -> None:

@@ -6,8 +6,10 @@ import gc
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,8 @@ from tests.conftest import children, still_children
 from tests.faults import (
     RaiseAt,
     RaiseUnrebuildable,
+    SignalAt,
+    Sleepy,
     WaitAt,
     pid_and,
     square,
@@ -317,6 +321,57 @@ def test_timeout_names_the_indices_in_flight(no_leaks) -> None:
     assert time.monotonic() - start < 600
     assert "timeout=0.5" in str(info.value)
     assert "sample indices" in str(info.value) and "2" in str(info.value)
+
+
+#: Items of the pass below: each but the stuck one takes 50 ms, so two workers need 15 s for
+#: them all, far more than the timeout.
+AMONG = 600
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stuck_worker_is_reported_before_the_others_drain_the_input(
+    backend, ordered, tmp_path, no_leaks
+) -> None:
+    """Issue 37: the timeout counts from when the stuck item started, whatever the other
+    workers deliver meanwhile. Before, unordered, every reply of theirs restarted it, so
+    the error came once they had run out of items, and the consumer had had nearly all."""
+    gate = tmp_path / "release"  # a stuck thread can't be stopped: it is let go at the end
+    process = backend[0] == "process"
+    stuck = SignalAt(5, signal.SIGSTOP) if process else WaitAt(5, str(gate))
+    timeout = 2.0 if process else 1.0
+    stage = pmap(Sleepy(stuck, 0.05), backend, workers=3, ordered=ordered, timeout=timeout)
+    got: list[int] = []
+    try:
+        with pytest.raises(pf.WorkerTimeoutError) as info:
+            deque(map(got.append, pf.indices(AMONG) | stage), 0)
+    finally:
+        gate.touch()
+    # About 40 items a second for `timeout` seconds came before the error, not all 599.
+    assert len(got) < AMONG // 2, len(got)
+    assert 5 in info.value.undelivered
+    assert f"no result within timeout={timeout} s" in str(info.value)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_time_the_consumer_holds_a_result_counts_against_no_worker(
+    backend, ordered, no_leaks
+) -> None:
+    """One worker, 16 items queued for it, 50 ms each, ``timeout=0.3``; the consumer holds
+    its third and fourth results 0.5 s each. Meanwhile the worker runs its queue, one item
+    after another, and the pass reads no reply: when the consumer is back, the item the
+    worker runs was sent 0.5 s before but began a moment ago. An item counts from when its
+    worker began it, so there is no timeout."""
+    stage = pmap(
+        Sleepy(abs, 0.05), backend, workers=1, max_in_flight=16, ordered=ordered, timeout=0.3
+    )
+    got = []
+    for x in pf.indices(24) | stage:
+        if len(got) in (2, 3):
+            time.sleep(0.5)
+        got.append(x)
+    assert sorted(got) == list(range(24))
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from pipeflow.parallel.transport import _segments
 from pipeflow.parallel.transport._shm import Reader, Writer
 from pipeflow.stages import _alloc
 from tests.conftest import children
+from tests.faults import Sleepy
 
 BIG = _segments.INLINE_LIMIT // 4  # float32 elements: an array of this many travels by segment
 
@@ -352,6 +353,22 @@ def test_a_kept_pool_holds_nothing_in_shm_between_epochs(shm_64m, no_leaks, monk
 
 def big_array(i: int) -> np.ndarray:
     return np.full(2 * 1024 * 1024 // 4, i, dtype=np.float32)
+
+
+def test_results_through_the_pipe_never_time_out_a_healthy_worker(tiny_shm) -> None:
+    """``/dev/shm`` full: 2 MiB results come through the pipe, which holds far less. While
+    the consumer holds a result, the worker waits on its send, and begins its next item (of
+    50 ms, ``timeout=0.3``) only once this process reads that result, 0.6 s after the worker
+    was done with the one before: that wait must not count as time on the item."""
+    stage = pf.parallel_map(
+        Sleepy(big_array, 0.05), workers=1, backend="process", max_in_flight=8, timeout=0.3
+    )
+    got = 0
+    for _ in pf.indices(16) | stage:
+        got += 1
+        if got in (3, 4):
+            time.sleep(0.6)
+    assert got == 16
 
 
 FILL_THEN_REUSE = """

@@ -166,8 +166,12 @@ def parallel_map(
         mp_context: start method (``"fork"``, ``"forkserver"``, ``"spawn"``) or a
             multiprocessing context, for processes; default: the platform's.
         worker_init: called as ``worker_init(worker_id)`` in each worker once it has started.
-        timeout: seconds to wait for the next result before raising
-            :class:`~pipeflow.WorkerTimeoutError`; ``None`` waits forever.
+        timeout: seconds a worker may hold an item without finishing it, then the pass
+            ends with :class:`~pipeflow.WorkerTimeoutError`; ``None`` waits forever. An item
+            counts from when its worker began it: not while it waited behind others, nor
+            while the consumer held results; and what other workers deliver meanwhile does
+            not put it off. (A Ray actor answers a call of several items at once: see
+            ``busy_since`` in :mod:`pipeflow.parallel.ray._ray`.)
         persistent: keep the workers between epochs (like torch's ``persistent_workers``);
             ``loader.close()`` stops them and returns once they have exited.
         seed: the workers' seed; ``None`` draws one when the stage is built.

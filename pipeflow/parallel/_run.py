@@ -157,7 +157,7 @@ def _results(
     bound = pool.backlog(in_flight)
     sender = _Sender(pool, items, context, out, note)
     received = 0
-    clock = _Clock(config.timeout)
+    watch = _Watch(config.timeout)
     while True:
         room = bound - (sender.sent - done[0])
         if room > 0:
@@ -165,10 +165,10 @@ def _results(
         if sender.exhausted and not sender.waiting and received == sender.sent:
             return
         if tuner is None:
-            got = _collect(pool, clock, sender, out)
+            got = _collect(pool, watch, sender, out)
         else:  # it measures how long the consumer waited for these replies
             began = time.perf_counter()
-            got = _collect(pool, clock, sender, out)
+            got = _collect(pool, watch, sender, out)
             if tuner.tick(len(got), time.perf_counter() - began):
                 in_flight = _resized(tuner, stats)
                 bound = pool.backlog(in_flight)
@@ -180,7 +180,6 @@ def _results(
             stats.task_ns.extend(took)
             stats.task_total_ns += sum(took)
         if got:
-            clock.reset()
             yield got
 
 
@@ -193,34 +192,62 @@ def _resized(tuner: Tuner, stats: Any) -> int:
     return tuner.in_flight
 
 
-class _Clock:
-    """The stage's ``timeout``: how long the wait for the next reply may still take. It runs
-    from when the pass starts waiting (not while the consumer holds a result) across every
-    call of ``collect`` (a wake to start a worker does not restart it); a reply resets it."""
+class _Watch:
+    """The stage's ``timeout``: no worker may hold an item that long without finishing it.
 
-    __slots__ = ("deadline", "timeout")
+    A wait for replies lasts until the item held longest (:meth:`Pool.busy_since`) has been
+    held ``timeout`` seconds; replies from other workers meanwhile do not put it off. An item
+    counts from when its worker began it, not from when it was sent or queued, so a worker
+    is never timed for the time the consumer held results, nor for the items it ran before.
+    While items are out and no worker holds one (a thread still in its ``worker_init``, an
+    event loop blocked), one must begin within ``timeout`` of when the pass began to wait.
+    """
+
+    __slots__ = ("timeout", "window")
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
-        self.deadline: float | None = None
+        self.window: float | None = None  # while no worker holds an item: by when one must
 
-    def left(self) -> float | None:
-        if self.timeout is None:
-            return None
+    def collect(self, pool: Pool) -> list[Reply] | None:
+        """The next replies, or ``None``: the timeout passed (what the pool read as it
+        found that out is dropped: the pass ends)."""
+        timeout = self.timeout
+        if timeout is None:
+            return pool.collect(None)
+        while True:
+            left = self._left(pool, timeout)
+            got = pool.collect(left)
+            # Up before this wait (of 0 s), the time is up for good unless what the wait read
+            # changed it: a reply from the worker that held the item, or one that shows it
+            # began later than it seemed (a worker process that ran items queued for it).
+            if left == 0.0 and self._left(pool, timeout) == 0.0:
+                for reply in got or ():
+                    pool.drop(reply)
+                return None
+            if got is not None:
+                if got:
+                    self.window = None
+                return got
+
+    def _left(self, pool: Pool, timeout: float) -> float:
+        """Seconds until the item held longest has been held *timeout* seconds (while no
+        worker holds one: until the window for one to begin closes)."""
         now = time.monotonic()
-        if self.deadline is None:
-            self.deadline = now + self.timeout
-        return max(0.0, self.deadline - now)
+        since = pool.busy_since()
+        if since is not None:
+            self.window = None
+            return max(0.0, since + timeout - now)
+        if self.window is None:
+            self.window = now + timeout
+        return max(0.0, self.window - now)
 
-    def reset(self) -> None:
-        self.deadline = None
 
-
-def _collect(pool: Pool, clock: _Clock, sender: _Sender, out: dict[int, Any]) -> list[Reply]:
+def _collect(pool: Pool, watch: _Watch, sender: _Sender, out: dict[int, Any]) -> list[Reply]:
     """The next replies; a worker's death or a timeout ends the pass with an error that
     names every item not delivered (those out now, and those never sent)."""
     try:
-        got = pool.collect(clock.left())
+        got = watch.collect(pool)
     except WorkerDiedError as e:
         _name_lost(e, out, sender)
         raise
@@ -232,7 +259,7 @@ def _collect(pool: Pool, clock: _Clock, sender: _Sender, out: dict[int, Any]) ->
         return got
     pool.broken = True  # its workers may be stuck: stopped at once, and not kept
     msg = (
-        f"parallel stage {pool.name!r}: no result within timeout={clock.timeout} s; in "
+        f"parallel stage {pool.name!r}: no result within timeout={watch.timeout} s; in "
         f"flight: {pool.in_flight()}"
     )
     error = WorkerTimeoutError(msg)
