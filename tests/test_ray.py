@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 
 import pipeflow as pf
 from tests import _ray_cases as cases
-from tests.faults import RaiseAt, Samples, Share
+from tests.faults import HangAt, RaiseAt, Samples, Share, Sleepy
 from tests.strategies import lengths
 
 ray = pytest.importorskip("ray")
@@ -235,6 +236,57 @@ def test_past_the_restarts_a_killed_actor_ends_the_pass_naming_node_and_items(
     assert caught.value.node is not None and caught.value.undelivered
     delivered = set(got)
     assert not delivered & {i * i for i in caught.value.undelivered}
+
+
+def _warmed(stage: Any, workers: int) -> Any:
+    """*stage* (persistent) over :class:`_Held`, after an empty pass made its actors and each
+    of them answered: a pass's ``timeout`` counts an actor's start, which takes seconds here."""
+    loader = pf.from_iterable(_Held()) | stage
+    _Held.items = []
+    list(loader)
+    deadline = time.monotonic() + 60
+    while len(names := _pipeflow_actor_names()) < workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ray.get([ray.get_actor(name).place.remote() for name in names], timeout=60)
+    return loader
+
+
+def _pipeflow_actor_names() -> list[str]:
+    return [n for n in ray.util.list_named_actors() if n.startswith("pipeflow/")]
+
+
+def test_a_stuck_actor_is_reported_before_the_others_drain_the_input(cluster: Any) -> None:
+    """Issue 37 on Ray: in calls of one item (``max_in_flight=2 * workers``), a stuck item
+    is reported ``timeout`` seconds after its call began, whatever the other actors deliver
+    meanwhile (600 items of 50 ms: 15 s of work for the two others)."""
+    stage = pf.parallel_map(
+        Sleepy(HangAt(5), 0.05),
+        workers=3,
+        backend="ray",
+        ordered=False,
+        max_in_flight=6,
+        timeout=2,
+        persistent=True,
+    )
+    loader = _warmed(stage, 3)
+    _Held.items = list(range(600))
+    got: list[int] = []
+    with loader, pytest.raises(pf.WorkerTimeoutError) as caught:
+        deque(map(got.append, loader), 0)
+    assert len(got) < 300, len(got)
+    assert 5 in caught.value.undelivered and "ray actor" in str(caught.value)
+
+
+def test_a_call_of_several_items_none_slow_is_not_taken_for_stuck(cluster: Any) -> None:
+    """One actor, calls of 4 items (``max_in_flight=8``) of 0.3 s, ``timeout=0.5``: a call
+    runs 1.2 s, and is answered only then, but none of its items took the timeout."""
+    stage = pf.parallel_map(
+        Sleepy(abs, 0.3), workers=1, backend="ray", max_in_flight=8, timeout=0.5, persistent=True
+    )
+    loader = _warmed(stage, 1)
+    _Held.items = list(range(8))
+    with loader:
+        assert list(loader) == list(range(8))
 
 
 RESUME = textwrap.dedent(
