@@ -256,6 +256,14 @@ def test_thread_workers_that_leave_are_not_taken_for_dead() -> None:
     assert min(alive[150:]) < 8  # some left
 
 
+def test_threads_start_while_those_that_left_still_end() -> None:
+    """Down to 1 and up to the cap again and again: threads start while those told to
+    leave still end their items, so ids run past the pool's size for a moment."""
+    loader = pf.indices(1200) | pf.parallel_map(slow_square, workers="auto")
+    with forced(follow([_auto.AUTO_THREADS, 1], 7)):
+        assert list(loader) == [x * x for x in range(1200)]
+
+
 # -- what it says -----------------------------------------------------------------------------
 def test_stats_and_repr_say_the_count_its_history_and_why() -> None:
     loader = pf.indices(100) | pf.parallel_map(slow_square, workers="auto")

@@ -65,14 +65,18 @@ class ThreadPool(InProcessPool):
 
     def _start(self, wid: int) -> None:
         """Start thread *wid* (threads start in order of their ids; after a resize down,
-        the lowest id a thread left)."""
+        the lowest id a thread left, or, while those that left still end, one past the
+        pool's size: ``workers="auto"`` on the shared queue)."""
         spec, job = self.spec, self.spec.job
         own_job = job.clone() if isinstance(job, SourceJob) else job
-        restore = spec.restore[wid] if spec.restore else None
+        restore = spec.restore[wid] if spec.restore and wid < len(spec.restore) else None
         own = spec._replace(job=own_job, worker_id=wid, restore=restore)
+        tasks = self.queues[wid] if self.round_robin else self.queues[0]
+        if wid >= len(self.busy):  # the same list, which the threads share
+            self.busy.extend([0.0] * (wid + 1 - len(self.busy)))
         t = threading.Thread(
             target=thread_main,
-            args=(self.queues[wid], self.results, own, self.current, self.busy, self.leaving),
+            args=(tasks, self.results, own, self.current, self.busy, self.leaving),
             name=f"pipeflow-{self.name}-{wid}",
             daemon=True,
         )
