@@ -21,10 +21,10 @@ Each configuration runs in a fresh subprocess of its own (no pool, thread or for
 left over from the one before), which builds the pipeline, then times one pass: the pool
 starts within the timed pass, as it would in training. The rounds: the grid once (the
 slow counts on fewer samples, as rates: 4 and 8 threads on 2,000 and 4,000 samples, one
-process on 5,000), torch once, then ``workers="auto"`` and the grid's best count in turn, 3
-times (auto, best, auto, best, auto, best), each over the whole pass. The ratio to the best
-count is the median over the rounds of the ratio within a round (the machine's load moves
-more between minutes than within one).
+process on 5,000), then ``workers="auto"``, the grid's best count and torch in turn, 3
+times (auto, best, torch, auto, best, torch, ...), auto and the best count over the whole
+pass. A ratio is the median over the rounds of the ratio within a round (the machine's
+load moves more between minutes than within one).
 
 torch: ``torch.utils.data.DataLoader(ds, batch_size=None)`` over a map-style dataset that
 calls the same function (``num_workers=0``, its default: in the main process), on a prefix
@@ -42,8 +42,8 @@ The goals: auto at least 0.9x the best fixed count over the whole pass; at least
 torch's default; never more processes than the CPUs of ``os.sched_getaffinity``; the count
 settled within the first 10% of the pass. Run::
 
-    python benchmarks/auto.py              # 20,000 samples a shape, 3 rounds: about 7 minutes
-    python benchmarks/auto.py --quick      # 2,000 samples, a smaller grid, 1 round: about 1 min
+    python benchmarks/auto.py              # 20,000 samples a shape, 3 rounds: about 6 minutes
+    python benchmarks/auto.py --quick      # 2,000 samples, a smaller grid, 1 round: 30 to 40 s
     python benchmarks/auto.py --only io numpy
     python -m pipeflow bench auto          # the goals as rows of the bench table
 
@@ -394,16 +394,16 @@ def shape_results(key: str, n: int, rounds: int, quick: bool) -> dict[str, Any]:
         measure(key, w, n if quick else min(n, shape.short.get(w, n)))
         for w in (shape.quick_grid if quick else shape.grid)
     ]
-    torch = None
-    if shape.torch_items is not None:
-        torch = measure(key, "torch", min(n, shape.torch_items[1 if quick else 0]))
     best = max(grid, key=lambda r: r["rate"])
     best_count = int(best["config"])
-    autos, fixed = [], []
+    autos, fixed, torch = [], [], []
     for _ in range(rounds):
         autos.append(measure(key, "auto", n))
         fixed.append(measure(key, best_count, n))
+        if shape.torch_items is not None:
+            torch.append(measure(key, "torch", min(n, shape.torch_items[1 if quick else 0])))
     ratios = [a["rate"] / b["rate"] for a, b in zip(autos, fixed)]
+    vs_torch = [a["rate"] / t["rate"] for a, t in zip(autos, torch)]
     auto_rate = statistics.median(a["rate"] for a in autos)
     return {
         "shape": key,
@@ -422,7 +422,9 @@ def shape_results(key: str, n: int, rounds: int, quick: bool) -> dict[str, Any]:
         "fixed_rate": statistics.median(b["rate"] for b in fixed),
         "vs_best": statistics.median(ratios),
         "rounds": ratios,
-        "vs_torch": auto_rate / torch["rate"] if torch else None,
+        "torch_rate": statistics.median(t["rate"] for t in torch) if torch else None,
+        "vs_torch": statistics.median(vs_torch) if torch else None,
+        "torch_rounds": vs_torch,
         "chosen": [a["workers"] for a in autos],
         "settle": [a.get("settle", 0) / n for a in autos],
         "top": max(a.get("top", a["workers"]) for a in autos),
@@ -492,26 +494,27 @@ def format_shape(s: dict[str, Any]) -> str:
         )
 
     lines += [row(f"fixed {r['config']}", r) for r in s["grid"]]
-    if s["torch"]:
-        lines.append(row("torch default", s["torch"]))
     for k, (a, b) in enumerate(zip(s["autos"], s["fixed"]), 1):
         lines += [row(f"auto #{k}", a), row(f"fixed {s['best']} #{k}", b)]
+        if s["torch"]:
+            lines.append(row(f"torch default #{k}", s["torch"][k - 1]))
     v = verdicts(s)
-    rounds = ", ".join(f"{x:.2f}x" for x in s["rounds"])
+    rounds = ", ".join(f"{x:.3f}x" for x in s["rounds"])
     chosen = ", ".join(map(str, s["chosen"]))
     settle = ", ".join(_pct(x) for x in s["settle"])
     lines += [
-        f"auto: {s['auto_rate']:,.0f}/s (median); ended at {chosen} {s['kind']}; "
+        f"auto: {s['auto_rate']:,.0f}/s (median); {s['kind']} at the end: {chosen}; "
         f"count last changed at {settle} of the pass",
         f"  vs the best fixed count ({s['best']}, {s['fixed_rate']:,.0f}/s): "
-        f"{s['vs_best']:.2f}x (rounds {rounds})  goal >= {VS_BEST}x: {_mark(v['best'])}",
+        f"{s['vs_best']:.3f}x (rounds {rounds})  goal >= {VS_BEST}x: {_mark(v['best'])}",
     ]
     if s["torch"]:
-        t = s["torch"]
+        t = s["torch"][0]
         part = "" if t["items"] == n else f" (timed on {t['items']:,} samples: rates compared)"
+        rounds = ", ".join(f"{x:.2f}x" for x in s["torch_rounds"])
         lines.append(
-            f"  vs torch DataLoader, num_workers=0: {t['rate']:,.0f}/s{part}: "
-            f"{s['vs_torch']:.2f}x  goal >= {VS_TORCH}x: {_mark(v['torch'])}"
+            f"  vs torch DataLoader, num_workers=0: {s['torch_rate']:,.0f}/s{part}: "
+            f"{s['vs_torch']:.2f}x (rounds {rounds})  goal >= {VS_TORCH}x: {_mark(v['torch'])}"
         )
     else:
         lines.append("  vs torch DataLoader: n/a (no coroutine __getitem__)")
@@ -519,9 +522,10 @@ def format_shape(s: dict[str, Any]) -> str:
         f"  processes: at most {s['procs']} live (budget: {s['cpus']} CPUs): "
         f"{_mark(v['budget'])}; highest count used {s['top']}",
         f"  settled within {SETTLE:.0%} of the pass (every round): {_mark(v['settle'])}",
-        "  history of auto #1:",
-        *(f"    {line}" for line in s["autos"][0].get("history", [])),
     ]
+    for k, a in enumerate(s["autos"], 1):
+        lines.append(f"  auto #{k}: {a.get('auto')}; its history:")
+        lines += [f"    {line}" for line in a.get("history", [])]
     return "\n".join(lines)
 
 
@@ -539,7 +543,7 @@ def format_summary(result: dict[str, Any]) -> str:
         chosen = "/".join(map(str, sorted(set(s["chosen"]))))
         lines.append(
             f"{s['shape']:<8}{grid:<52}{s['auto_rate']:>8,.0f}{chosen:>7}"
-            f"{_pct(max(s['settle'])):>9}{s['vs_best']:>7.2f}x{torch:>9}"
+            f"{_pct(max(s['settle'])):>9}{s['vs_best']:>7.3f}x{torch:>9}"
             f"{s['procs']:>4}/{s['cpus']:<2}"
         )
         for ok in verdicts(s).values():
@@ -566,8 +570,8 @@ def run(quick: bool) -> list[Row]:
     for s in result["shapes"]:
         autos = [a["rate"] for a in s["autos"]]
         note = (
-            f"ended at {'/'.join(map(str, sorted(set(s['chosen']))))} {s['kind']}; "
-            f"paired ratio {s['vs_best']:.2f}x; settled at {_pct(max(s['settle']))} "
+            f"{s['kind']} at the end: {'/'.join(map(str, sorted(set(s['chosen']))))}; "
+            f"paired ratio {s['vs_best']:.3f}x; settled at {_pct(max(s['settle']))} "
             f"(goal <= {SETTLE:.0%}); {s['procs']} processes (budget {s['cpus']})"
         )
         rows.append(
@@ -588,8 +592,11 @@ def run(quick: bool) -> list[Row]:
                     "  same vs torch, num_workers=0",
                     "samples/s",
                     s["auto_rate"],
-                    s["torch"]["rate"],
+                    s["torch_rate"],
                     f">= {VS_TORCH}x",
+                    f"paired ratio {s['vs_torch']:.2f}x",
+                    samples={"pipeflow": autos, "torch": [t["rate"] for t in s["torch"]]},
+                    met=verdicts(s)["torch"],
                 )
             )
     return rows
