@@ -279,21 +279,51 @@ def test_stats_and_repr_say_the_count_its_history_and_why() -> None:
 
 
 def test_the_tuner_climbs_while_it_pays_and_stops_when_it_does_not() -> None:
-    """The decision rule on given numbers (no timing): a step up kept at 1.25x its ideal
-    gain's quarter, undone below it after a second window, and a count at the budget."""
-    tuner = Tuner("threads", cap=8, shares_cpus=False, start=1)
+    """The decision rule on given numbers (no timing): a doubling kept at 1.1x, fourfold
+    when the consumer waited nearly all the window, undone short of it after a second
+    window, and not tried again from there until the consumer's wait changes."""
+    tuner = Tuner("threads", cap=16, shares_cpus=False, start=1)
     tuner.patience = 0
-    assert tuner.decide(100.0, 0.9) and tuner.count == 2  # waited: try 2
-    assert tuner.decide(190.0, 0.8) and tuner.count == 4  # 1.9x: kept, try 4
-    assert not tuner.decide(200.0, 0.8) and tuner.count == 4  # 1.05x: a second window
-    assert tuner.decide(205.0, 0.8) and tuner.count == 2  # still not: back to 2
-    assert "4 read only" in tuner.text()
+    assert tuner.decide(100.0, 0.5) and tuner.count == 2  # waited half: try twice as many
+    assert tuner.decide(190.0, 0.95) and tuner.count == 8  # 1.9x: kept; nearly all: x4
+    assert not tuner.decide(200.0, 0.8) and tuner.count == 8  # 1.05x: a second window
+    assert tuner.decide(205.0, 0.8) and tuner.count == 2  # still short of 1.1x: back
+    assert "8 read only" in tuner.text()
+    tuner.patience = 0
+    assert not tuner.decide(190.0, 0.85)  # no second try from 2 while the wait is the same
+    assert tuner.decide(190.0, 0.5) and tuner.count == 4  # it changed: try again (x2)
     down = Tuner("threads", cap=8, shares_cpus=False, start=8)
     down.patience = 0
     assert down.decide(100.0, 0.0) and down.count == 4  # never waited: try fewer
     assert down.decide(99.0, 0.0) and down.count == 2  # the pace held: fewer again
     assert down.decide(60.0, 0.3) and down.count == 4  # fell behind: back
     assert "fell behind" in down.text()
+
+
+def test_a_resize_of_processes_is_measured_once_its_workers_answered() -> None:
+    """The window after a step up of processes is not judged until every worker of the new
+    count has answered once (a start-up on a busy machine is not the count's rate)."""
+
+    class Pool:
+        ready = False
+
+        def resize(self, count: int, in_flight: int) -> None:
+            pass
+
+        def answered(self, count: int) -> bool:
+            return self.ready
+
+    pool = Pool()
+    tuner = Tuner("processes", cap=2, shares_cpus=True, start=1)
+    tuner.begin(pool, 0)
+    tuner.patience = 0
+    assert tuner.decide(100.0, 0.9) and tuner.count == 2
+    assert not tuner.decide(30.0, 0.9) and tuner.probe is not None  # still starting
+    pool.ready = True
+    assert not tuner.decide(30.0, 0.9) and tuner.probe is not None  # the window it was in
+    assert not tuner.decide(180.0, 0.5) and tuner.count == 2  # judged: 1.8x, kept
+    assert tuner.probe is None
+    tuner.end()
 
 
 # -- refused when built -----------------------------------------------------------------------

@@ -5,13 +5,16 @@ receives, and how long the consumer's ``next()`` waited for them) and moves the 
 workers the pool uses, in windows of at least :data:`WINDOW` seconds:
 
 - **Up** while the consumer waits on the stage (at least :data:`WAITED` of a window) and there
-  is room in the budget: the count doubles (within the budget), and the step is kept when
-  the next window reads at least a quarter of its ideal gain (:data:`GAIN`: twice the workers
-  must read 1.25x the rate), else the count goes back.
+  is room in the budget: the count doubles (fourfold when the consumer waited nearly all the
+  window, :data:`RUSH`), within the budget, and the step is kept when the next window reads
+  at least a tenth of its ideal gain (:data:`GAIN`: twice the workers must read 1.1x the
+  rate); a step that falls short gets a second window, then the count goes back. A resize
+  of processes is measured once its workers have all answered (their start is not counted).
 - **Down** while the consumer never waits (under :data:`IDLE`): the count halves, and the step
   is kept when the rate holds (:data:`HOLD`) and the consumer still does not wait.
-- **Steady** otherwise; a settled count is probed again after :data:`REPROBE` windows, twice
-  as long after each probe that did not pay (up to 32 times as long).
+- **Steady** otherwise; a settled count is probed again after :data:`REPROBE` windows (twice
+  as long after each probe that did not pay, up to 32 times), but not in the direction of a
+  probe that did not pay from it, until the consumer's wait has changed by :data:`CHANGED`.
 
 ``parallel_source`` splits its stream by worker, so another count is another interleaving of
 its items: its count is chosen once, one per CPU within the budget (see
@@ -40,6 +43,7 @@ __all__ = [
     "HOLD",
     "IDLE",
     "REPROBE",
+    "RUSH",
     "WAITED",
     "WINDOW",
     "Tuner",
@@ -58,7 +62,13 @@ WAITED = 0.10
 #: The consumer waited less than this fraction: fewer workers may do.
 IDLE = 0.02
 #: A step up is kept when it earns at least this share of its ideal gain.
-GAIN = 0.25
+GAIN = 0.10
+#: The consumer waited at least this fraction of a window: the count grows fourfold (the
+#: stage is far behind: work that waits on I/O wants many more threads).
+RUSH = 0.90
+#: A probe that did not pay is tried again from the same count only once the consumer's
+#: wait has grown (up) or shrunk (down) by this much since.
+CHANGED = 0.20
 #: A step down is kept when the rate stays at least this share of what it was.
 HOLD = 0.95
 #: Windows a settled count keeps before it is probed again (doubled after each miss).
@@ -144,6 +154,7 @@ class Tuner:
         self.patience = 0  # windows a settled count waits before a probe (the first: at once)
         self.warming = False  # the window after a resize of processes: not measured
         self.second = False  # a step up that did not pay gets a second window
+        self.missed: dict[str, tuple[int, float]] = {}  # way -> (from count, wait) of a miss
         self.last_wait = 0.0
         self.worker_ns = 0  # worker-nanoseconds of the passes before the running one's count
         self.since = 0  # when the running count began (perf_counter_ns)
@@ -224,8 +235,9 @@ class Tuner:
         self.last_wait = wait
         if self.fixed:
             return False
-        if self.warming:
-            self.warming = False
+        if self.warming:  # a resize of processes: measured once its workers all answered
+            answered = getattr(self.pool, "answered", None)
+            self.warming = answered is not None and not answered(self.count)
             return False
         before = self.count
         if self.probe is not None:
@@ -240,12 +252,25 @@ class Tuner:
         if self.calm < self.patience:
             return
         room = self.room()
-        if wait >= WAITED and self.count < room:
-            self._try(min(2 * self.count, room), rate, f"the consumer waited {wait:.0%}")
-        elif wait < IDLE and self.count > 1:
+        if wait >= WAITED and self.count < room and self._may("up", wait):
+            self._try(self._up(wait, room), rate, f"the consumer waited {wait:.0%}")
+        elif wait < IDLE and self.count > 1 and self._may("down", wait):
             self._try(self.count // 2, rate, f"the consumer waited only {wait:.0%}")
         elif wait >= WAITED and self.count >= room:
             self._settle(self._budget_words(), paid=True)
+
+    def _up(self, wait: float, room: int) -> int:
+        """The count a step up tries: twice this one, four times when the consumer waited
+        nearly all the window (:data:`RUSH`), within *room*."""
+        return min((4 if wait >= RUSH else 2) * self.count, room)
+
+    def _may(self, way: str, wait: float) -> bool:
+        """Whether a probe *way* ("up", "down") may start from this count: not again after
+        one from it did not pay, until the consumer's wait changed by :data:`CHANGED`."""
+        missed = self.missed.get(way)
+        if missed is None or missed[0] != self.count:
+            return True
+        return abs(wait - missed[1]) >= CHANGED
 
     def _try(self, count: int, rate: float, why: str) -> None:
         self.probe = (self.count, rate)
@@ -266,9 +291,10 @@ class Tuner:
             if not paid:
                 words = f"{now} read only {ratio:.2f}x the rate of {before}"
                 self._apply(before, words)
+                self.missed["up"] = (before, wait)
                 self._settle(words, paid=False)
             elif wait >= WAITED and now < self.room():
-                self._try(min(2 * now, self.room()), rate, f"{now} read {ratio:.2f}x")
+                self._try(self._up(wait, self.room()), rate, f"{now} read {ratio:.2f}x")
             else:
                 self._settle(self._words_up(now, before, ratio, wait), paid=True)
             return
@@ -280,6 +306,7 @@ class Tuner:
             return
         words = f"the consumer sets the pace: {now} fell behind ({ratio:.2f}x the rate)"
         self._apply(before, words)
+        self.missed["down"] = (before, wait)
         self._settle(words, paid=False)
 
     def _words_up(self, now: int, before: int, ratio: float, wait: float) -> str:

@@ -362,6 +362,10 @@ class ProcessPool(TakingTurns):
         self.depth = -(-in_flight // count)
         self._retire_idle()
 
+    def answered(self, count: int) -> bool:
+        """Whether workers ``0 .. count - 1`` have each sent a reply since they started."""
+        return all(self.warm[:count])
+
     def live(self) -> int:
         """How many worker processes run now (those above the limit still finishing too)."""
         return sum(proc is not None for proc in self.procs)
