@@ -95,7 +95,9 @@ def forced(schedule: Callable[[int], int]) -> Iterator[None]:
 
     Examples:
         >>> with forced(lambda k: 1 + k % 3):
-        ...     _FORCED[-1](4)
+        ...     count = _FORCED[-1](4)
+        ...
+        >>> count
         2
     """
     _FORCED.append(schedule)
