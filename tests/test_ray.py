@@ -419,3 +419,16 @@ def _settled_free_cpus() -> float:
         last = free
         time.sleep(0.5)
     return last
+
+
+def test_an_auto_parallel_source_starts_an_actor_per_free_cpu(cluster: Any) -> None:
+    """``parallel_source(workers="auto", backend="ray")``: a replica in an actor per free
+    CPU of the cluster, chosen once; every item once."""
+    free = _settled_free_cpus()
+    source = pf.from_iterable(Share(23)) | pf.map(cases.with_worker)
+    with pf.parallel_source(source, workers="auto", backend="ray") as loader:
+        got = list(loader)
+        want = max(1, int(free))
+        assert sorted(i for i, _ in got) == list(range(23))
+        assert {w for _, w in got} == {f"{k} of {want} ray" for k in range(min(want, 23))}
+        assert loader.stats().stages[0].auto.startswith(f"auto: {want} actor")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeflow.engine._context import Context
-from pipeflow.parallel._settings import Settings
+from pipeflow.parallel._settings import MAX_WORKERS, Settings
 from pipeflow.resume._check import DELIVERED, TOOK, other_workers
 from pipeflow.resume._states import MapStates, WorkerStates
 from pipeflow.resume.state import (
@@ -375,7 +375,8 @@ class SourceRecord(Record):
         settings: Settings = source.config
         workers = settings.workers
         if settings.auto and isinstance(record, dict) and isinstance(record.get("workers"), dict):
-            workers = max(1, min(len(record["workers"]), workers))  # the pass resumes with it
+            most = MAX_WORKERS if settings.backend == "ray" else workers  # Ray: the cluster's
+            workers = max(1, min(len(record["workers"]), most))  # the pass resumes with it
         here = {"consumed": consumed or 0, "here": workers, "ordered": settings.ordered}
         checked = conform(cls.FORM, record, where, here)
         _check_replicas(source.loader, checked, where)

@@ -13,7 +13,7 @@ from pipeflow.engine.loader import Loader, Source
 from pipeflow.parallel._auto import Tuner, cpus
 from pipeflow.parallel._records import SourceRecord
 from pipeflow.parallel._run import run_parallel
-from pipeflow.parallel._settings import Settings, settings
+from pipeflow.parallel._settings import MAX_WORKERS, Settings, settings
 from pipeflow.parallel.pools._worker import SourceJob
 from pipeflow.parallel.transport._wire import PassNote
 from pipeflow.resume.state import Rule
@@ -96,11 +96,17 @@ def _sized(config: Settings, hooks: Hooks) -> tuple[Settings, Tuner]:
     tuner: Tuner | None = hooks.resources.get("auto")
     if tuner is None:
         why = "one per CPU: a stream's split is by worker, so the count is chosen once"
+        cap = start = min(cpus(), config.workers)
+        if config.backend == "ray":  # an actor per free CPU of the cluster
+            from pipeflow.parallel.ray._ray import free_actors
+
+            cap = start = min(free_actors(config.ray_options), MAX_WORKERS)
+            why = why.replace("one per CPU", "one per free CPU of the Ray cluster")
         tuner = Tuner(
             config.kind(),
-            config.workers,
+            max(cap, config.workers),
             shares_cpus=config.backend == "process",
-            start=min(cpus(), config.workers),
+            start=start,
             fixed=why,
         )
         tuner.count = min(tuner.count, tuner.room())
