@@ -157,7 +157,6 @@ class Tuner:
         self.warming = False  # the window after a resize of processes: not measured
         self.second = False  # a step up that did not pay gets a second window
         self.missed: dict[str, tuple[int, float]] = {}  # way -> (from count, wait) of a miss
-        self.last_wait = 0.0
         self.worker_ns = 0  # worker-nanoseconds of the passes before the running one's count
         self.since = 0  # when the running count began (perf_counter_ns)
         self._open(time.perf_counter())
@@ -234,7 +233,6 @@ class Tuner:
     def decide(self, rate: float, wait: float) -> bool:
         """A window read *rate* items a second while the consumer waited *wait* of it: move
         the count (see the module's text); whether it changed."""
-        self.last_wait = wait
         if self.fixed:
             return False
         if self.warming:  # a resize of processes: measured once its workers all answered

@@ -95,28 +95,11 @@ def _tuner(config: Settings, hooks: Hooks, pool: Pool) -> Tuner | None:
     if not pool.resizable:  # Ray: sized to the cluster's free CPUs when the pool started
         if tuner is None or tuner.count != pool.workers:
             why = "the Ray cluster's free CPUs when its actors started"
-            tuner = Tuner(
-                config.kind(),
-                pool.workers,
-                shares_cpus=False,
-                start=pool.workers,
-                per_worker=config.per_worker(),
-                max_in_flight=config.max_in_flight,
-                fixed=why,
-            )
-            hooks.resources["auto"] = tuner
+            tuner = hooks.resources["auto"] = config.tuner(pool.workers, pool.workers, why)
     elif tuner is None:
         saved = getattr(hooks.record, "auto_count", None)
         start = saved or (1 if config.backend == "process" or config.coroutines else 2)
-        tuner = Tuner(
-            config.kind(),
-            config.workers,
-            shares_cpus=config.backend == "process",
-            start=start,
-            per_worker=config.per_worker(),
-            max_in_flight=config.max_in_flight,
-        )
-        hooks.resources["auto"] = tuner
+        tuner = hooks.resources["auto"] = config.tuner(config.workers, start)
     if hooks.record is not None:
         hooks.record.tuner = tuner  # a state taken in this pass records its count
     return tuner

@@ -15,6 +15,7 @@ from pipeflow import _checks
 from pipeflow._coroutines import is_coroutine_function
 from pipeflow._random import WORKERS, check_seed, derive, fresh_seed
 from pipeflow.engine._context import Context
+from pipeflow.parallel._auto import AUTO_THREADS, Tuner, cpus
 from pipeflow.parallel.ray._ray_options import check_ray_options
 from pipeflow.resume._rngs import KINDS
 from pipeflow.resume._seeds import WORKERS_SLOT, Seeded
@@ -83,6 +84,19 @@ class Settings(Seeded):
         if self.backend == "process":
             return "processes"
         return "event loops" if self.coroutines else "threads"
+
+    def tuner(self, cap: int, start: int, fixed: str | None = None) -> Tuner:
+        """A tuner of these settings' workers (``workers="auto"``): at most *cap*, *start*
+        at first; *fixed*: why its count does not move (see :class:`Tuner`)."""
+        return Tuner(
+            self.kind(),
+            cap,
+            shares_cpus=self.backend == "process",
+            start=start,
+            per_worker=self.per_worker(),
+            max_in_flight=self.max_in_flight,
+            fixed=fixed,
+        )
 
     def per_worker(self) -> int:
         """The default in-flight bound per worker."""
@@ -267,8 +281,6 @@ def auto_cap(backend: str, coroutines: bool) -> int:
     :data:`~pipeflow.parallel._auto.AUTO_THREADS`; for processes, event loops and Ray actors
     the CPUs this process may run on (Ray's pool is sized to the cluster's free CPUs when it
     starts: see :func:`pipeflow.parallel.ray._ray.ray_pool`)."""
-    from pipeflow.parallel._auto import AUTO_THREADS, cpus
-
     if backend == "thread" and not coroutines:
         return AUTO_THREADS
     return cpus()

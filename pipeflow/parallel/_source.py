@@ -96,19 +96,13 @@ def _sized(config: Settings, hooks: Hooks) -> tuple[Settings, Tuner]:
     tuner: Tuner | None = hooks.resources.get("auto")
     if tuner is None:
         why = "one per CPU: a stream's split is by worker, so the count is chosen once"
-        cap = start = min(cpus(), config.workers)
+        start = min(cpus(), config.workers)
         if config.backend == "ray":  # an actor per free CPU of the cluster
             from pipeflow.parallel.ray._ray import free_actors
 
-            cap = start = min(free_actors(config.ray_options), MAX_WORKERS)
+            start = min(free_actors(config.ray_options), MAX_WORKERS)
             why = why.replace("one per CPU", "one per free CPU of the Ray cluster")
-        tuner = Tuner(
-            config.kind(),
-            max(cap, config.workers),
-            shares_cpus=config.backend == "process",
-            start=start,
-            fixed=why,
-        )
+        tuner = config.tuner(max(start, config.workers), start, why)
         tuner.count = min(tuner.count, tuner.room())
         hooks.resources["auto"] = tuner
     if isinstance(hooks.saved, dict) and isinstance(hooks.saved.get("workers"), dict):
