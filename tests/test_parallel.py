@@ -358,18 +358,18 @@ def test_a_stuck_worker_is_reported_before_the_others_drain_the_input(
 def test_the_time_the_consumer_holds_a_result_counts_against_no_worker(
     backend, ordered, no_leaks
 ) -> None:
-    """One worker, 16 items queued for it, 50 ms each, ``timeout=0.3``; the consumer holds
-    its third and fourth results 0.5 s each. Meanwhile the worker runs its queue, one item
-    after another, and the pass reads no reply: when the consumer is back, the item the
-    worker runs was sent 0.5 s before but began a moment ago. An item counts from when its
-    worker began it, so there is no timeout."""
+    """One worker, 16 items queued for it, 50 ms each, ``timeout=0.8`` (room for a busy
+    machine); the consumer holds its third and fourth results 1 s each. Meanwhile the worker
+    runs its queue, one item after another, and the pass reads no reply: when the consumer
+    is back, the item the worker runs was sent 1 s before but began a moment ago. An item
+    counts from when its worker began it, so there is no timeout."""
     stage = pmap(
-        Sleepy(abs, 0.05), backend, workers=1, max_in_flight=16, ordered=ordered, timeout=0.3
+        Sleepy(abs, 0.05), backend, workers=1, max_in_flight=16, ordered=ordered, timeout=0.8
     )
     got = []
     for x in pf.indices(24) | stage:
         if len(got) in (2, 3):
-            time.sleep(0.5)
+            time.sleep(1.0)
         got.append(x)
     assert sorted(got) == list(range(24))
 

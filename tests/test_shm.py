@@ -358,16 +358,17 @@ def big_array(i: int) -> np.ndarray:
 def test_results_through_the_pipe_never_time_out_a_healthy_worker(tiny_shm) -> None:
     """``/dev/shm`` full: 2 MiB results come through the pipe, which holds far less. While
     the consumer holds a result, the worker waits on its send, and begins its next item (of
-    50 ms, ``timeout=0.3``) only once this process reads that result, 0.6 s after the worker
-    was done with the one before: that wait must not count as time on the item."""
+    50 ms, ``timeout=0.8``: room for a busy machine) only once this process reads that result,
+    1 s after the worker was done with the one before: that wait must not count as time
+    on the item."""
     stage = pf.parallel_map(
-        Sleepy(big_array, 0.05), workers=1, backend="process", max_in_flight=8, timeout=0.3
+        Sleepy(big_array, 0.05), workers=1, backend="process", max_in_flight=8, timeout=0.8
     )
     got = 0
     for _ in pf.indices(16) | stage:
         got += 1
         if got in (3, 4):
-            time.sleep(0.6)
+            time.sleep(1.0)
     assert got == 16
 
 
